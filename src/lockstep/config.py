@@ -1,0 +1,190 @@
+"""The configuration: one typed dataclass tree, loaded from YAML, overridden from the command line.
+
+Defaults are CleanRL's published CartPole settings (``ppo.py``) so results are comparable.
+The resolved tree is written to ``config.yaml`` in every run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"  # Gymnasium id or package.module:callable
+    actors: int = 2  # local actor processes started by `lockstep train`
+    envs_per_actor: int = 2  # environments in each actor's vector env
+    normalize_obs: bool = False  # running mean/std of observations, part of the policy snapshot
+    normalize_reward: bool = False  # scale rewards by the std of the discounted return
+    clip_obs: float = 10.0  # after normalization
+    clip_reward: float = 10.0  # after scaling
+
+
+@dataclass
+class PPOConfig:
+    steps_per_env: int = 128  # T: actions each env slot takes from one policy version
+    total_steps: int = 500_000  # env steps to train for
+    lr: float = 2.5e-4
+    anneal_lr: bool = True  # linear decay to 0 over the run
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    epochs: int = 4
+    minibatches: int = 4
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True  # per-minibatch advantage normalization
+    adam_eps: float = 1e-5
+    target_kl: float | None = None  # stop the epochs early when the approximate KL exceeds it
+
+
+@dataclass
+class ModelConfig:
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    activation: str = "tanh"  # tanh or relu
+    init_log_std: float = 0.0  # Gaussian head only
+
+
+@dataclass
+class LearnerConfig:
+    listen: str = "127.0.0.1:0"  # host:port; port 0 picks a free one
+    min_actors: int = 0  # actors to wait for before the first phase; 0 means env.actors
+    max_batch: int = 4096  # most env observations in one forward pass
+    max_wait_ms: float = 2.0  # longest a request waits for others to share its forward pass
+    device: str = "auto"  # auto, cpu or cuda
+    torch_threads: int = 1  # small networks run fastest on one thread
+
+
+@dataclass
+class RunConfig:
+    name: str = ""  # defaults to <env>-<seed>-<time>
+    run_dir: str = ""  # defaults to runs/<name>
+    seed: int = 1
+    thresholds: list[float] = field(default_factory=list)  # returns whose first crossing summary.json records
+    checkpoint_every: int = 0  # iterations between checkpoints; 0 keeps only the final one
+    progress: bool = True  # live progress display
+    stop_at_return: float | None = None  # stop early once the running mean reaches it
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def batch_size(self) -> int:
+        return self.env.actors * self.env.envs_per_actor * self.ppo.steps_per_env
+
+    @property
+    def min_actors(self) -> int:
+        return self.learner.min_actors or self.env.actors
+
+    def validate(self) -> None:
+        checks = [
+            (self.env.actors >= 1, f"env.actors must be at least 1, got {self.env.actors}"),
+            (self.env.envs_per_actor >= 1, f"env.envs_per_actor must be at least 1, got {self.env.envs_per_actor}"),
+            (self.ppo.steps_per_env >= 1, f"ppo.steps_per_env must be at least 1, got {self.ppo.steps_per_env}"),
+            (self.ppo.minibatches >= 1, f"ppo.minibatches must be at least 1, got {self.ppo.minibatches}"),
+            (self.ppo.epochs >= 1, f"ppo.epochs must be at least 1, got {self.ppo.epochs}"),
+            (self.ppo.total_steps >= 1, f"ppo.total_steps must be positive, got {self.ppo.total_steps}"),
+            (self.learner.device in ("auto", "cpu", "cuda") or self.learner.device.startswith("cuda:"),
+             f"learner.device must be auto, cpu or cuda, got {self.learner.device!r}"),
+            (self.model.activation in ("tanh", "relu"),
+             f"model.activation must be tanh or relu, got {self.model.activation!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+
+class ConfigError(ValueError):
+    """A configuration value or key that is not valid."""
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
+    """Merge a nested dict (from YAML) into ``base``; unknown keys are errors."""
+    config = base if base is not None else Config()
+    for section, values in (data or {}).items():
+        if not hasattr(config, section) or not dataclasses.is_dataclass(getattr(config, section)):
+            raise ConfigError(f"unknown config section {section!r}; sections: {[f.name for f in dataclasses.fields(Config)]}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"config section {section!r} must be a mapping, got {values!r}")
+        for key, value in values.items():
+            set_value(config, f"{section}.{key}", value)
+    return config
+
+
+def load(path: str | Path, base: Config | None = None) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    return from_dict(yaml.safe_load(path.read_text()) or {}, base)
+
+
+def save(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def set_value(config: Config, dotted: str, value: Any) -> None:
+    """Set ``section.key`` to ``value``, converting strings from the command line to the field's type."""
+    section_name, _, key = dotted.partition(".")
+    section = getattr(config, section_name, None)
+    if section is None or not dataclasses.is_dataclass(section):
+        raise ConfigError(f"unknown config section {section_name!r} in {dotted!r}")
+    hints = typing.get_type_hints(type(section))
+    if key not in hints:
+        known = ", ".join(f.name for f in dataclasses.fields(section))
+        raise ConfigError(f"unknown config key {dotted!r}; {section_name} has: {known}")
+    try:
+        setattr(section, key, _coerce(value, hints[key]))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{dotted}: cannot use {value!r}: {err}") from err
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0])
+    if origin is list:
+        if isinstance(value, str):
+            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+        return [_coerce(v, args[0]) for v in value]
+    if hint is bool:
+        if isinstance(value, str):
+            lowered = value.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        return bool(value)
+    if hint is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError("expected an integer")
+        return int(float(value)) if isinstance(value, str) else int(value)
+    if hint is float:
+        return float(value)
+    if hint is str:
+        return str(value)
+    raise TypeError(f"unsupported field type {hint}")

@@ -1,0 +1,112 @@
+"""PPO: generalized advantage estimation, the clipped objective, and one update.
+
+Pure tensor math (Schulman et al. 2017, "Proximal Policy Optimization
+Algorithms"; GAE: Schulman et al. 2016). Knows nothing of processes, gRPC or
+policy versions. Shapes: T steps, N env slots, B = T * N samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
+        continues: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns, all [T, N].
+
+    ``next_values[t]`` is V of the state after step t in the same episode: the
+    next observation's value, the value of the final observation when the episode
+    was truncated at t (truncation is not termination), or 0 when it terminated.
+    ``continues[t]`` is 0 where an episode ended at t (terminated or truncated),
+    cutting the advantage trace there.
+    """
+    T = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])  # [N]
+    for t in reversed(range(T)):
+        delta = rewards[t] + gamma * next_values[t] - values[t]  # δ_t = r_t + γ V(s_{t+1}) − V(s_t)
+        last = delta + gamma * lam * continues[t] * last  # A_t = δ_t + γλ A_{t+1}
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+@dataclass
+class LossParts:
+    loss: torch.Tensor
+    policy_loss: torch.Tensor
+    value_loss: torch.Tensor
+    entropy: torch.Tensor
+    approx_kl: torch.Tensor
+    clip_fraction: torch.Tensor
+
+
+def ppo_loss(new_logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
+             new_value: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor,
+             entropy: torch.Tensor, *, clip_coef: float, clip_vloss: bool, vf_coef: float,
+             ent_coef: float, norm_adv: bool) -> LossParts:
+    """The clipped surrogate objective with value loss and entropy bonus, all inputs [B]."""
+    log_ratio = new_logprob - old_logprob
+    ratio = log_ratio.exp()  # r_t(θ) = π_θ(a|s) / π_behaviour(a|s)
+    if norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-8)
+    # L^CLIP = E[min(r A, clip(r, 1−ε, 1+ε) A)], minimized as its negative
+    policy_loss = torch.max(-advantages * ratio,
+                            -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    if clip_vloss:
+        clipped = old_value + (new_value - old_value).clamp(-clip_coef, clip_coef)
+        value_loss = 0.5 * torch.max((new_value - returns) ** 2, (clipped - returns) ** 2).mean()
+    else:
+        value_loss = 0.5 * ((new_value - returns) ** 2).mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()  # k3 estimator of KL(behaviour || new)
+        clip_fraction = ((ratio - 1).abs() > clip_coef).float().mean()
+    return LossParts(loss, policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction)
+
+
+@dataclass
+class UpdateStats:
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    approx_kl: float
+    clip_fraction: float
+    gradient_steps: int
+
+
+def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor,
+           old_logprob: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
+           *, epochs: int, minibatches: int, clip_coef: float, clip_vloss: bool, vf_coef: float,
+           ent_coef: float, max_grad_norm: float, norm_adv: bool, target_kl: float | None,
+           generator: torch.Generator | None = None) -> UpdateStats:
+    """Epochs x minibatches of gradient steps on flattened samples ([B, ...]).
+
+    ``model.evaluate(obs, actions)`` must return (log-prob, entropy, value), each [B].
+    """
+    B = obs.shape[0]
+    minibatch = max(1, B // minibatches)
+    sums = torch.zeros(5)
+    steps = 0
+    for _ in range(epochs):
+        order = torch.randperm(B, generator=generator, device="cpu").to(obs.device)
+        for start in range(0, B - minibatch + 1, minibatch):
+            idx = order[start:start + minibatch]
+            new_logprob, entropy, new_value = model.evaluate(obs[idx], actions[idx])
+            parts = ppo_loss(new_logprob, old_logprob[idx], advantages[idx], new_value, old_value[idx],
+                             returns[idx], entropy, clip_coef=clip_coef, clip_vloss=clip_vloss,
+                             vf_coef=vf_coef, ent_coef=ent_coef, norm_adv=norm_adv)
+            optimizer.zero_grad(set_to_none=True)
+            parts.loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            sums += torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(), parts.entropy.detach(),
+                                 parts.approx_kl, parts.clip_fraction]).cpu()
+            steps += 1
+        if target_kl is not None and parts.approx_kl.item() > target_kl:
+            break
+    means = (sums / max(steps, 1)).tolist()
+    return UpdateStats(*means, gradient_steps=steps)

@@ -1,0 +1,129 @@
+"""The rollout store: what each actor's env slots did during one phase.
+
+An ``Unroll`` holds T steps of one member's k slots, written in place as
+inference results and outcomes arrive. ``assemble`` lays the unrolls of a closed
+phase side by side, in member order (never arrival order), into a ``Batch``
+of [T, N] arrays, N being the total number of slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class Unroll:
+    """T steps of one member's k env slots, collected in one phase."""
+
+    def __init__(self, member: int, num_envs: int, steps: int, obs_shape: tuple[int, ...],
+                 obs_dtype: np.dtype, act_shape: tuple[int, ...], act_dtype: np.dtype) -> None:
+        self.member = member
+        T, k = steps, num_envs
+        self.obs = np.zeros((T, k, *obs_shape), dtype=obs_dtype)
+        self.actions = np.zeros((T, k, *act_shape), dtype=act_dtype)
+        self.logprobs = np.zeros((T, k), dtype=np.float32)
+        self.values = np.zeros((T, k), dtype=np.float32)
+        self.rewards = np.zeros((T, k), dtype=np.float32)
+        self.terminated = np.zeros((T, k), dtype=bool)
+        self.truncated = np.zeros((T, k), dtype=bool)
+        self.versions = np.full((T, k), -1, dtype=np.int64)
+        self.final_obs: list[tuple[int, np.ndarray, np.ndarray]] = []  # (t, env indices, observations)
+        self.bootstrap_obs: np.ndarray | None = None  # [k, *obs], the observation after step T-1
+        self.steps_acted = 0
+        self.steps_completed = 0
+
+    @property
+    def num_steps(self) -> int:
+        return self.obs.shape[0]
+
+    def record_action(self, t: int, obs: np.ndarray, action: np.ndarray, logprob: np.ndarray,
+                      value: np.ndarray, version: int) -> None:
+        self.obs[t] = obs
+        self.actions[t] = action
+        self.logprobs[t] = logprob
+        self.values[t] = value
+        self.versions[t] = version
+        self.steps_acted = t + 1
+
+    def record_outcome(self, t: int, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+                       final_index: np.ndarray, final_obs: np.ndarray) -> None:
+        self.rewards[t] = reward
+        self.terminated[t] = terminated
+        self.truncated[t] = truncated
+        if len(final_index):
+            self.final_obs.append((t, np.array(final_index, dtype=np.int64), np.array(final_obs)))
+        self.steps_completed = t + 1
+
+    def finish(self, bootstrap_obs: np.ndarray) -> None:
+        self.bootstrap_obs = np.array(bootstrap_obs)
+
+    @property
+    def complete(self) -> bool:
+        return self.steps_completed == self.num_steps and self.bootstrap_obs is not None
+
+
+@dataclass
+class Batch:
+    """One phase's transitions, [T, N] with N slots in member order."""
+
+    version: int  # the version the phase was collected for
+    members: tuple[int, ...]
+    slots_per_member: tuple[int, ...]
+    obs: np.ndarray  # [T, N, *obs]
+    actions: np.ndarray  # [T, N, *act]
+    logprobs: np.ndarray  # [T, N] behaviour log-probs
+    values: np.ndarray  # [T, N] behaviour values
+    rewards: np.ndarray  # [T, N]
+    terminated: np.ndarray  # [T, N]
+    truncated: np.ndarray  # [T, N]
+    versions: np.ndarray  # [T, N] version that produced each action
+    bootstrap_obs: np.ndarray  # [N, *obs]
+    final_t: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [M] step of each truncation
+    final_n: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [M] slot of each truncation
+    final_obs: np.ndarray | None = None  # [M, *obs] last observation of each truncated episode
+
+    @property
+    def num_steps(self) -> int:
+        return self.obs.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.obs.shape[1]
+
+    @property
+    def size(self) -> int:
+        return self.num_steps * self.num_slots
+
+
+class IncompleteUnrollError(RuntimeError):
+    pass
+
+
+def assemble(version: int, unrolls: list[Unroll]) -> Batch:
+    """Lay complete unrolls side by side in member order."""
+    if not unrolls:
+        raise ValueError("cannot assemble a batch from no unrolls")
+    unrolls = sorted(unrolls, key=lambda u: u.member)
+    for u in unrolls:
+        if not u.complete:
+            raise IncompleteUnrollError(
+                f"unroll of member {u.member} has {u.steps_completed}/{u.num_steps} steps completed"
+            )
+    cat = lambda name: np.concatenate([getattr(u, name) for u in unrolls], axis=1)  # noqa: E731
+    offsets = np.cumsum([0] + [u.obs.shape[1] for u in unrolls])
+    finals = [(t, idx + off, obs) for u, off in zip(unrolls, offsets) for t, idx, obs in u.final_obs]
+    obs_shape = unrolls[0].obs.shape[2:]
+    return Batch(
+        version=version,
+        members=tuple(u.member for u in unrolls),
+        slots_per_member=tuple(u.obs.shape[1] for u in unrolls),
+        obs=cat("obs"), actions=cat("actions"), logprobs=cat("logprobs"), values=cat("values"),
+        rewards=cat("rewards"), terminated=cat("terminated"), truncated=cat("truncated"),
+        versions=cat("versions"),
+        bootstrap_obs=np.concatenate([u.bootstrap_obs for u in unrolls], axis=0),
+        final_t=np.concatenate([np.full(len(idx), t, np.int64) for t, idx, _ in finals]) if finals else np.zeros(0, np.int64),
+        final_n=np.concatenate([idx for _, idx, _ in finals]) if finals else np.zeros(0, np.int64),
+        final_obs=(np.concatenate([obs for _, _, obs in finals], axis=0) if finals
+                   else np.zeros((0, *obs_shape), dtype=unrolls[0].obs.dtype)),
+    )

@@ -1,0 +1,180 @@
+"""The trainer: owns the training copy of the policy and turns a phase's batch into the next version.
+
+It checks every sample's version stamp before training: in strict mode a sample
+produced by any version but the one being updated is an error, never a warning.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lockstep import ppo
+from lockstep.config import Config
+from lockstep.envs import EnvSpec
+from lockstep.inference import PolicySnapshot
+from lockstep.models import ActorCritic, ObsNormalizer, RunningMeanStd
+from lockstep.rollout import Batch
+
+
+class OffPolicyError(RuntimeError):
+    """A strict-mode batch holds samples from a version other than the one being trained."""
+
+
+@dataclass
+class TrainStats:
+    version: int  # the version that trained on the batch (the new version is version + 1)
+    samples: int
+    off_policy_samples: int
+    policy_lag_mean: float
+    policy_lag_max: int
+    train_s: float
+    lr: float
+    update: ppo.UpdateStats
+
+
+class RewardScaler:
+    """Divide rewards by the running std of each slot's discounted return (CleanRL's NormalizeReward)."""
+
+    def __init__(self, gamma: float, clip: float) -> None:
+        self.gamma, self.clip = gamma, clip
+        self.rms = RunningMeanStd()
+        self.returns: dict[int, np.ndarray] = {}  # member -> [k] discounted return so far
+
+    def scale(self, batch: Batch) -> np.ndarray:
+        """[T, N] scaled rewards; updates the statistics with this batch."""
+        T = batch.num_steps
+        running = np.concatenate([
+            self.returns.get(m, np.zeros(k)) for m, k in zip(batch.members, batch.slots_per_member)
+        ])  # [N]
+        seen = np.empty((T, batch.num_slots))
+        done = batch.terminated | batch.truncated
+        for t in range(T):
+            running = running * self.gamma + batch.rewards[t]
+            seen[t] = running
+            running = np.where(done[t], 0.0, running)
+        self.rms.update(seen.reshape(-1))
+        offsets = np.cumsum((0,) + batch.slots_per_member)
+        for m, start, end in zip(batch.members, offsets[:-1], offsets[1:]):
+            self.returns[m] = running[start:end]
+        return np.clip(batch.rewards / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
+
+
+class Trainer:
+    def __init__(self, config: Config, spec: EnvSpec, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        self.strict = True
+        torch.manual_seed(config.run.seed)
+        m = config.model
+        self.model = ActorCritic(spec.observation, spec.action, m.hidden, m.activation, m.init_log_std).to(device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.ppo.lr, eps=config.ppo.adam_eps)
+        self.obs_rms = RunningMeanStd(spec.observation.shape) if config.env.normalize_obs else None
+        self.reward_scaler = (RewardScaler(config.ppo.gamma, config.env.clip_reward)
+                              if config.env.normalize_reward else None)
+        self.generator = torch.Generator().manual_seed(config.run.seed)
+        self.version = 0
+        self.iteration = 0
+        self.env_steps = 0  # transitions trained on
+
+    def snapshot(self) -> PolicySnapshot:
+        """The current version, frozen for inference."""
+        mean = None if self.obs_rms is None else self.obs_rms.mean
+        var = None if self.obs_rms is None else self.obs_rms.var
+        return PolicySnapshot(self.version, self.model, mean, var, self.config.env.clip_obs, self.device)
+
+    def _normalizer(self) -> ObsNormalizer:
+        mean = None if self.obs_rms is None else self.obs_rms.mean
+        var = None if self.obs_rms is None else self.obs_rms.var
+        return ObsNormalizer(mean, var, self.config.env.clip_obs, self.device)
+
+    def learning_rate(self) -> float:
+        cfg = self.config.ppo
+        if not cfg.anneal_lr:
+            return cfg.lr
+        return cfg.lr * max(0.0, 1.0 - self.env_steps / cfg.total_steps)
+
+    def train(self, batch: Batch) -> TrainStats:
+        """One PPO update on ``batch``; afterwards ``version`` is one higher."""
+        start = time.perf_counter()
+        cfg = self.config.ppo
+        lag = self.version - batch.versions  # [T, N]
+        off_policy = int(np.count_nonzero(lag != 0))
+        if self.strict and off_policy:
+            raise OffPolicyError(
+                f"{off_policy} of {batch.size} samples were produced by versions "
+                f"{sorted(set(batch.versions[lag != 0].tolist()))}, not by version {self.version} that trains on them"
+            )
+        dev = self.device
+        as_t = lambda a, dtype=torch.float32: torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=dev)  # noqa: E731
+        normalize = self._normalizer()
+        T, N = batch.num_steps, batch.num_slots
+        obs = normalize(as_t(batch.obs))  # [T, N, *obs], with the statistics the batch was collected with
+        values = as_t(batch.values)  # [T, N]
+        rewards = as_t(self.reward_scaler.scale(batch) if self.reward_scaler else batch.rewards)
+        terminated, truncated = as_t(batch.terminated), as_t(batch.truncated)
+        with torch.no_grad():
+            next_values = torch.empty_like(values)  # [T, N] value of the state after each step
+            next_values[:-1] = values[1:]
+            next_values[-1] = self.model.value(normalize(as_t(batch.bootstrap_obs)))
+            next_values = next_values * (1.0 - terminated)
+            if len(batch.final_t):  # truncated: bootstrap from the episode's own last observation
+                final_values = self.model.value(normalize(as_t(batch.final_obs)))
+                next_values[batch.final_t, batch.final_n] = final_values
+            continues = 1.0 - torch.maximum(terminated, truncated)
+            advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
+        lr = self.learning_rate()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        action_dtype = torch.long if self.model.discrete else torch.float32
+        self.model.train()
+        stats = ppo.update(
+            self.model, self.optimizer,
+            obs.reshape(T * N, *obs.shape[2:]), as_t(batch.actions, action_dtype).reshape(T * N, *batch.actions.shape[2:]),
+            as_t(batch.logprobs).reshape(-1), advantages.reshape(-1), returns.reshape(-1), values.reshape(-1),
+            epochs=cfg.epochs, minibatches=cfg.minibatches, clip_coef=cfg.clip_coef, clip_vloss=cfg.clip_vloss,
+            vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv,
+            target_kl=cfg.target_kl, generator=self.generator,
+        )
+        if self.obs_rms is not None:
+            self.obs_rms.update(batch.obs.reshape(T * N, *batch.obs.shape[2:]))
+        trained_version = self.version
+        self.version += 1
+        self.iteration += 1
+        self.env_steps += batch.size
+        return TrainStats(
+            version=trained_version, samples=batch.size, off_policy_samples=off_policy,
+            policy_lag_mean=float(lag.mean()), policy_lag_max=int(lag.max()),
+            train_s=time.perf_counter() - start, lr=lr, update=stats,
+        )
+
+    # -- checkpoints ----------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "obs_rms": None if self.obs_rms is None else self.obs_rms.state_dict(),
+            "reward_rms": None if self.reward_scaler is None else self.reward_scaler.rms.state_dict(),
+            "reward_returns": None if self.reward_scaler is None else self.reward_scaler.returns,
+            "version": self.version,
+            "iteration": self.iteration,
+            "env_steps": self.env_steps,
+            "torch_rng": torch.get_rng_state(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.obs_rms is not None and state["obs_rms"] is not None:
+            self.obs_rms.load_state_dict(state["obs_rms"])
+        if self.reward_scaler is not None and state["reward_rms"] is not None:
+            self.reward_scaler.rms.load_state_dict(state["reward_rms"])
+            self.reward_scaler.returns = dict(state["reward_returns"])
+        self.version, self.iteration, self.env_steps = state["version"], state["iteration"], state["env_steps"]
+        torch.set_rng_state(state["torch_rng"])
+        self.generator.set_state(state["generator"])

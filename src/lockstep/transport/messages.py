@@ -1,0 +1,98 @@
+"""Conversions between protocol messages and plain Python/numpy values, with validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lockstep.envs import SpaceSpec
+from lockstep.transport import lockstep_pb2 as pb
+from lockstep.transport.codec import CodecError, decode, encode
+
+_KINDS = {"discrete": pb.Space.DISCRETE, "box": pb.Space.BOX}
+
+
+def space_to_proto(spec: SpaceSpec) -> pb.Space:
+    msg = pb.Space(kind=_KINDS[spec.kind], shape=spec.shape, dtype=spec.dtype, n=spec.n)
+    if spec.kind == "box":
+        msg.low.CopyFrom(encode(spec.low))
+        msg.high.CopyFrom(encode(spec.high))
+    return msg
+
+
+def space_from_proto(msg: pb.Space, name: str) -> SpaceSpec:
+    if msg.kind == pb.Space.DISCRETE:
+        if msg.n < 1:
+            raise CodecError(f"{name}: a Discrete space needs n >= 1, got {msg.n}")
+        return SpaceSpec("discrete", (), msg.dtype, n=int(msg.n))
+    if msg.kind == pb.Space.BOX:
+        shape = tuple(int(d) for d in msg.shape)
+        low = decode(msg.low, f"{name}.low", shape=shape)
+        high = decode(msg.high, f"{name}.high", shape=shape)
+        return SpaceSpec("box", shape, msg.dtype, low=low, high=high)
+    raise CodecError(f"{name}: unknown space kind {msg.kind}; expected DISCRETE or BOX")
+
+
+@dataclass(frozen=True)
+class HelloInfo:
+    protocol: int
+    actor_id: int
+    run_id: str
+    num_envs: int
+    env_id: str
+    observation: SpaceSpec
+    action: SpaceSpec
+
+
+def hello_from_proto(msg: pb.Hello) -> HelloInfo:
+    return HelloInfo(
+        protocol=int(msg.protocol), actor_id=int(msg.actor_id), run_id=msg.run_id,
+        num_envs=int(msg.num_envs), env_id=msg.env_id,
+        observation=space_from_proto(msg.observation_space, "hello.observation_space"),
+        action=space_from_proto(msg.action_space, "hello.action_space"),
+    )
+
+
+@dataclass
+class StepData:
+    """One actor step, decoded and checked against the actor's spec. Arrays are read-only views."""
+
+    obs: np.ndarray  # [k, *obs]
+    reward: np.ndarray  # [k] float32
+    terminated: np.ndarray  # [k] bool
+    truncated: np.ndarray  # [k] bool
+    final_index: np.ndarray  # [m] int64
+    final_obs: np.ndarray  # [m, *obs]
+    episode_return: np.ndarray  # [e] float64
+    episode_length: np.ndarray  # [e] int64
+
+
+def step_to_proto(obs, reward, terminated, truncated, final_index, final_obs,
+                  episode_return, episode_length) -> pb.Step:
+    return pb.Step(
+        observation=encode(obs), reward=encode(reward), terminated=encode(terminated),
+        truncated=encode(truncated), final_index=encode(final_index), final_observation=encode(final_obs),
+        episode_return=encode(episode_return), episode_length=encode(episode_length),
+    )
+
+
+def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec) -> StepData:
+    k, obs_shape, obs_dtype = num_envs, observation.shape, observation.dtype
+    obs = decode(msg.observation, "step.observation", obs_dtype, (k, *obs_shape))
+    final_index = decode(msg.final_index, "step.final_index", np.int64, (None,))
+    m = len(final_index)
+    if m and (final_index.min() < 0 or final_index.max() >= k or len(np.unique(final_index)) != m):
+        raise CodecError(f"step.final_index: {final_index.tolist()} are not distinct env indices in [0, {k})")
+    episode_return = decode(msg.episode_return, "step.episode_return", np.float64, (None,))
+    data = StepData(
+        obs=obs,
+        reward=decode(msg.reward, "step.reward", np.float32, (k,)),
+        terminated=decode(msg.terminated, "step.terminated", np.bool_, (k,)),
+        truncated=decode(msg.truncated, "step.truncated", np.bool_, (k,)),
+        final_index=final_index,
+        final_obs=decode(msg.final_observation, "step.final_observation", obs_dtype, (m, *obs_shape)),
+        episode_return=episode_return,
+        episode_length=decode(msg.episode_length, "step.episode_length", np.int64, (len(episode_return),)),
+    )
+    return data

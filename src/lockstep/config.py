@@ -180,9 +180,14 @@ def _coerce(value: Any, hint: Any) -> Any:
             raise ValueError("expected true or false")
         return bool(value)
     if hint is int:
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                value = float(value)  # accepts 1e6
         if isinstance(value, float) and not value.is_integer():
             raise ValueError("expected an integer")
-        return int(float(value)) if isinstance(value, str) else int(value)
+        return int(value)
     if hint is float:
         return float(value)
     if hint is str:

@@ -26,6 +26,10 @@ from lockstep import noise
 from lockstep.models import ActorCritic, ObsNormalizer
 
 
+_TINY = float(np.finfo(np.float32).tiny)
+_BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
+
+
 class PolicySnapshot:
     """Version ``version`` of the policy, frozen."""
 
@@ -42,7 +46,8 @@ class PolicySnapshot:
         """obs [B, *obs], uniform [B, w] -> action [B, *act], log-prob [B] float32, value [B] float32."""
         with torch.inference_mode():
             x = self.normalize(torch.as_tensor(obs, device=self.device))
-            u = torch.as_tensor(uniform, dtype=torch.float32, device=self.device)
+            # float32 rounds uniforms within 2**-25 of 1 up to 1.0, where Gumbel noise is infinite
+            u = torch.as_tensor(uniform, dtype=torch.float32, device=self.device).clamp_(_TINY, _BELOW_ONE)
             action, logprob, value = self.model.sample(x, u)
             return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy()
 

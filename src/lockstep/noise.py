@@ -35,4 +35,5 @@ def uniform(keys: np.ndarray, counters: np.ndarray, width: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         x = _mix(keys.astype(np.uint64) ^ _mix(counters.astype(np.uint64) * _GOLDEN))
         x = _mix(x[:, None] + np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN)
-    return ((x >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+    # 52 bits so that (m + 0.5) / 2**52 is exact in float64: never 0, never 1
+    return ((x >> np.uint64(12)).astype(np.float64) + 0.5) * (1.0 / (1 << 52))

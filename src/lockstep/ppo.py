@@ -83,18 +83,16 @@ def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor
            *, epochs: int, minibatches: int, clip_coef: float, clip_vloss: bool, vf_coef: float,
            ent_coef: float, max_grad_norm: float, norm_adv: bool, target_kl: float | None,
            generator: torch.Generator | None = None) -> UpdateStats:
-    """Epochs x minibatches of gradient steps on flattened samples ([B, ...]).
+    """Epochs x minibatches gradient steps on flattened samples ([B, ...]), each sample once per epoch.
 
     ``model.evaluate(obs, actions)`` must return (log-prob, entropy, value), each [B].
     """
     B = obs.shape[0]
-    minibatch = max(1, B // minibatches)
     sums = torch.zeros(5)
     steps = 0
     for _ in range(epochs):
         order = torch.randperm(B, generator=generator, device="cpu").to(obs.device)
-        for start in range(0, B - minibatch + 1, minibatch):
-            idx = order[start:start + minibatch]
+        for idx in torch.tensor_split(order, min(minibatches, B)):  # every sample once per epoch
             new_logprob, entropy, new_value = model.evaluate(obs[idx], actions[idx])
             parts = ppo_loss(new_logprob, old_logprob[idx], advantages[idx], new_value, old_value[idx],
                              returns[idx], entropy, clip_coef=clip_coef, clip_vloss=clip_vloss,

@@ -7,6 +7,7 @@ that names the field, what arrived and what was expected.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -58,7 +59,7 @@ def decode(
         if len(expected) != len(got_shape) or any(e is not None and e != g for e, g in zip(expected, got_shape)):
             shown = tuple("*" if e is None else e for e in expected)
             raise CodecError(f"{name}: shape {got_shape} does not match the expected {shown}")
-    count = int(np.prod(got_shape, dtype=np.int64))
+    count = math.prod(got_shape)  # exact: a huge shape must not wrap around to a small count
     if len(tensor.data) != count * got_dtype.itemsize:
         raise CodecError(
             f"{name}: {len(tensor.data)} bytes of data for shape {got_shape} and dtype {got_dtype.name} "

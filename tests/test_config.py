@@ -1,0 +1,263 @@
+"""Configuration: CleanRL defaults, command-line coercion, YAML merge and save, validation."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from lockstep.config import Config, ConfigError, from_dict, load, save, set_value, to_dict
+
+
+def test_defaults_are_cleanrl_cartpole_settings():
+    c = Config()
+    assert c.env.id == "CartPole-v1"
+    assert c.ppo.lr == 2.5e-4
+    assert c.ppo.epochs == 4
+    assert c.ppo.minibatches == 4
+    assert c.ppo.clip_coef == 0.2
+    assert c.ppo.ent_coef == 0.01
+    assert c.ppo.vf_coef == 0.5
+    assert c.ppo.max_grad_norm == 0.5
+    assert c.ppo.gamma == 0.99
+    assert c.ppo.gae_lambda == 0.95
+    assert c.ppo.steps_per_env == 128
+    assert c.ppo.adam_eps == 1e-5
+    assert c.ppo.total_steps == 500_000
+    assert c.ppo.anneal_lr is True
+    assert c.ppo.norm_adv is True
+    assert c.ppo.clip_vloss is True
+    assert c.ppo.target_kl is None
+    assert c.model.hidden == [64, 64]
+    assert c.model.activation == "tanh"
+    # CleanRL's num_envs=4, here spread over actors
+    assert c.env.actors * c.env.envs_per_actor == 4
+    assert c.batch_size == 4 * 128
+
+
+def test_default_list_fields_are_not_shared_between_instances():
+    a, b = Config(), Config()
+    a.model.hidden.append(32)
+    a.run.thresholds.append(100.0)
+    assert b.model.hidden == [64, 64]
+    assert b.run.thresholds == []
+
+
+def test_min_actors_zero_means_all_actors():
+    c = Config()
+    c.env.actors = 3
+    assert c.min_actors == 3
+    c.learner.min_actors = 1
+    assert c.min_actors == 1
+
+
+# --- set_value --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dotted, text, expected", [
+    ("ppo.lr", "1e-3", 1e-3),
+    ("ppo.gamma", "0.995", 0.995),
+    ("ppo.anneal_lr", "false", False),
+    ("ppo.norm_adv", "False", False),
+    ("ppo.clip_vloss", "no", False),
+    ("env.normalize_obs", "true", True),
+    ("env.normalize_reward", "1", True),
+    ("model.hidden", "64,64", [64, 64]),
+    ("model.hidden", "[32, 16, 8]", [32, 16, 8]),
+    ("model.hidden", "128", [128]),
+    ("run.thresholds", "100,475.5", [100.0, 475.5]),
+    ("ppo.target_kl", "none", None),
+    ("ppo.target_kl", "null", None),
+    ("ppo.target_kl", "0.015", 0.015),
+    ("run.stop_at_return", "None", None),
+    ("ppo.steps_per_env", "256", 256),
+    ("ppo.total_steps", "1e6", 1_000_000),
+    ("run.seed", "42", 42),
+    ("learner.device", "cpu", "cpu"),
+    ("run.name", "none", "none"),  # a plain str field keeps the text
+])
+def test_set_value_coerces_command_line_strings(dotted, text, expected):
+    c = Config()
+    set_value(c, dotted, text)
+    section, key = dotted.split(".")
+    got = getattr(getattr(c, section), key)
+    assert got == expected
+    assert type(got) is type(expected)
+    if isinstance(got, list):
+        assert all(type(v) is type(e) for v, e in zip(got, expected))
+
+
+def test_set_value_accepts_already_typed_values():
+    c = Config()
+    set_value(c, "ppo.epochs", 10)
+    set_value(c, "ppo.lr", 1)  # an int where a float is expected
+    set_value(c, "ppo.total_steps", 5.0e5)  # an integral float where an int is expected
+    set_value(c, "model.hidden", [8, "16"])
+    set_value(c, "ppo.target_kl", None)
+    assert c.ppo.epochs == 10
+    assert c.ppo.lr == 1.0 and type(c.ppo.lr) is float
+    assert c.ppo.total_steps == 500_000 and type(c.ppo.total_steps) is int
+    assert c.model.hidden == [8, 16]
+    assert c.ppo.target_kl is None
+
+
+@pytest.mark.parametrize("dotted, value", [
+    ("ppo.lr", "fast"),
+    ("ppo.lr", "none"),  # not Optional
+    ("ppo.anneal_lr", "maybe"),
+    ("ppo.epochs", 2.5),
+    ("model.hidden", "64,wide"),
+])
+def test_set_value_rejects_values_that_do_not_fit_the_type(dotted, value):
+    c = Config()
+    before = to_dict(c)
+    with pytest.raises(ConfigError, match=dotted.replace(".", r"\.")):
+        set_value(c, dotted, value)
+    assert to_dict(c) == before
+
+
+def test_set_value_rejects_non_integer_string_for_int_field():
+    with pytest.raises(ConfigError, match=r"ppo\.epochs"):
+        set_value(Config(), "ppo.epochs", "2.5")
+
+
+def test_set_value_unknown_key_names_the_key():
+    with pytest.raises(ConfigError, match=r"ppo\.learning_rate"):
+        set_value(Config(), "ppo.learning_rate", "1e-3")
+
+
+def test_set_value_unknown_section_names_the_section():
+    with pytest.raises(ConfigError, match="optim"):
+        set_value(Config(), "optim.lr", "1e-3")
+
+
+def test_set_value_rejects_non_section_attributes_of_config():
+    with pytest.raises(ConfigError, match="batch_size"):
+        set_value(Config(), "batch_size.x", "1")
+
+
+# --- YAML ------------------------------------------------------------------------------------
+
+
+def test_load_merges_yaml_over_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"ppo": {"lr": 0.001, "epochs": 10}, "env": {"actors": 3}}))
+    c = load(path)
+    assert c.ppo.lr == 0.001
+    assert c.ppo.epochs == 10
+    assert c.env.actors == 3
+    # untouched fields keep their defaults
+    assert c.ppo.minibatches == 4
+    assert c.env.envs_per_actor == 2
+    assert c.model.hidden == [64, 64]
+
+
+def test_load_coerces_yaml_strings(tmp_path):
+    """PyYAML reads 1e-3 (no dot) as a string; it must still become a float."""
+    path = tmp_path / "c.yaml"
+    path.write_text("ppo:\n  lr: 1e-3\n  total_steps: 1e6\n  target_kl: null\nmodel:\n  hidden: [32, 32]\n")
+    c = load(path)
+    assert c.ppo.lr == 1e-3 and type(c.ppo.lr) is float
+    assert c.ppo.total_steps == 1_000_000
+    assert c.ppo.target_kl is None
+    assert c.model.hidden == [32, 32]
+
+
+def test_load_merges_over_a_given_base(tmp_path):
+    base = Config()
+    base.ppo.epochs = 7
+    path = tmp_path / "c.yaml"
+    path.write_text("ppo:\n  lr: 0.01\n")
+    c = load(path, base)
+    assert c.ppo.epochs == 7 and c.ppo.lr == 0.01
+
+
+def test_load_of_empty_file_gives_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load(path) == Config()
+
+
+def test_load_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load(tmp_path / "nope.yaml")
+
+
+def test_load_unknown_key_names_the_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("ppo:\n  clip: 0.1\n")
+    with pytest.raises(ConfigError, match=r"ppo\.clip"):
+        load(path)
+
+
+def test_from_dict_unknown_section_names_the_section():
+    with pytest.raises(ConfigError, match="trainer"):
+        from_dict({"trainer": {"lr": 1.0}})
+
+
+def test_from_dict_section_must_be_a_mapping():
+    with pytest.raises(ConfigError, match="ppo"):
+        from_dict({"ppo": 3})
+
+
+def test_save_then_load_round_trips(tmp_path):
+    c = Config()
+    c.env.id = "Pendulum-v1"
+    c.env.actors = 3
+    c.env.normalize_obs = True
+    c.ppo.lr = 3e-4
+    c.ppo.anneal_lr = False
+    c.ppo.target_kl = 0.02
+    c.model.hidden = [256, 128]
+    c.model.activation = "relu"
+    c.run.thresholds = [100.0, 500.0]
+    c.run.stop_at_return = None
+    c.learner.max_wait_ms = 0.5
+    path = tmp_path / "config.yaml"
+    save(c, path)
+    loaded = load(path)
+    assert loaded == c
+    assert loaded != Config()
+    assert yaml.safe_load(path.read_text())["ppo"]["lr"] == 3e-4
+
+
+def test_save_writes_every_section(tmp_path):
+    path = tmp_path / "config.yaml"
+    save(Config(), path)
+    assert set(yaml.safe_load(path.read_text())) == {"env", "ppo", "model", "learner", "run"}
+
+
+# --- validate --------------------------------------------------------------------------------
+
+
+def test_defaults_validate():
+    Config().validate()
+
+
+def test_validate_rejects_zero_actors_naming_env_actors():
+    c = Config()
+    c.env.actors = 0
+    with pytest.raises(ConfigError, match=r"env\.actors"):
+        c.validate()
+
+
+@pytest.mark.parametrize("dotted, value", [
+    ("env.envs_per_actor", 0),
+    ("ppo.steps_per_env", 0),
+    ("ppo.minibatches", 0),
+    ("ppo.epochs", 0),
+    ("ppo.total_steps", 0),
+    ("learner.device", "tpu"),
+    ("model.activation", "gelu"),
+])
+def test_validate_rejects_invalid_values_naming_the_field(dotted, value):
+    c = Config()
+    set_value(c, dotted, value)
+    with pytest.raises(ConfigError, match=dotted.replace(".", r"\.")):
+        c.validate()
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:1"])
+def test_validate_accepts_known_devices(device):
+    c = Config()
+    c.learner.device = device
+    c.validate()

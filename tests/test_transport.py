@@ -1,0 +1,178 @@
+"""The actor-learner protocol over real gRPC on loopback: handshake, validation, separate processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from conftest import lockstep_cmd
+from lockstep import config as config_lib
+from lockstep.envs import SpaceSpec, env_spec
+from lockstep.learner import Learner
+from lockstep.transport import METHOD, PROTOCOL
+from lockstep.transport import lockstep_pb2 as pb
+from lockstep.transport.client import Connection
+from lockstep.transport.generate import PROTO, generate
+from lockstep.transport.messages import space_to_proto, step_to_proto
+
+
+def test_committed_generated_module_matches_the_proto(tmp_path):
+    generated = generate(tmp_path)
+    committed = PROTO.with_name("lockstep_pb2.py")
+    assert generated.read_text() == committed.read_text(), "run `make proto` and commit the result"
+
+
+@pytest.fixture
+def learner(tmp_path):
+    """A CartPole learner serving on a free loopback port, in a thread."""
+    config = config_lib.Config()
+    config.run.progress = False
+    config.ppo.total_steps = 10**9
+    config.env.actors = 1
+    learner = Learner(config, tmp_path / "run")
+    thread = threading.Thread(target=learner.serve)
+    thread.start()
+    learner.wait_ready(timeout=30)
+    yield learner
+    learner.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def _hello(env_id: str = "CartPole-v1", actor_id: int = 0, num_envs: int = 2, **spaces) -> pb.Hello:
+    spec = env_spec(env_id)
+    return pb.Hello(protocol=PROTOCOL, actor_id=actor_id, run_id="test", num_envs=num_envs, env_id=env_id,
+                    observation_space=space_to_proto(spaces.get("observation", spec.observation)),
+                    action_space=space_to_proto(spaces.get("action", spec.action)))
+
+
+def _step(obs: np.ndarray) -> pb.Step:
+    k = len(obs)
+    return step_to_proto(obs, np.zeros(k, np.float32), np.zeros(k, bool), np.zeros(k, bool),
+                         np.zeros(0, np.int64), np.zeros((0, *obs.shape[1:]), obs.dtype),
+                         np.zeros(0, np.float64), np.zeros(0, np.int64))
+
+
+def test_actor_with_a_different_observation_space_is_refused_with_the_mismatch_named(learner):
+    acrobot = env_spec("Acrobot-v1")
+    with pytest.raises(grpc.RpcError) as err:
+        Connection(f"127.0.0.1:{learner.port}", _hello(observation=acrobot.observation), connect_timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "observation space" in err.value.details()
+    assert "(6,)" in err.value.details() and "(4,)" in err.value.details()
+    assert "CartPole-v1" in err.value.details()
+
+
+def test_actor_with_a_different_action_space_is_refused(learner):
+    with pytest.raises(grpc.RpcError) as err:
+        Connection(f"127.0.0.1:{learner.port}", _hello(action=SpaceSpec("discrete", (), "int64", n=3)),
+                   connect_timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "action space Discrete(3) does not match Discrete(2)" in err.value.details()
+
+
+def test_first_message_must_be_a_hello(learner):
+    channel = grpc.insecure_channel(f"127.0.0.1:{learner.port}")
+    call = channel.stream_stream(METHOD, request_serializer=pb.ActorMessage.SerializeToString,
+                                 response_deserializer=pb.LearnerMessage.FromString)
+    responses = call(iter([pb.ActorMessage(step=_step(np.zeros((2, 4), np.float32)))]))
+    with pytest.raises(grpc.RpcError) as err:
+        next(responses)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "hello" in err.value.details()
+    channel.close()
+
+
+def test_wrong_observation_shape_in_a_step_is_rejected_by_name(learner):
+    conn = Connection(f"127.0.0.1:{learner.port}", _hello(), connect_timeout=10)
+    with pytest.raises(grpc.RpcError) as err:
+        conn.step(_step(np.zeros((2, 5), np.float32)), np.int64, ())
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "step.observation" in err.value.details() and "(2, 5)" in err.value.details()
+    conn.close()
+
+
+def test_duplicate_actor_id_is_refused_while_the_first_is_connected(learner):
+    first = Connection(f"127.0.0.1:{learner.port}", _hello(actor_id=7), connect_timeout=10)
+    with pytest.raises(grpc.RpcError) as err:
+        Connection(f"127.0.0.1:{learner.port}", _hello(actor_id=7), connect_timeout=10)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "actor id 7" in err.value.details()
+    first.close()
+
+
+def test_actions_are_stamped_with_the_policy_version(learner):
+    conn = Connection(f"127.0.0.1:{learner.port}", _hello(num_envs=3), connect_timeout=10)
+    actions, version = conn.step(_step(np.zeros((3, 4), np.float32)), np.int64, ())
+    assert version == 0
+    assert actions.shape == (3,) and set(actions.tolist()) <= {0, 1}
+    conn.close()
+
+
+def _children(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.mark.slow
+def test_separately_started_learner_and_actor_train_together(tmp_path, free_port):
+    run_dir = tmp_path / "run"
+    learner = subprocess.Popen(
+        [*lockstep_cmd(), "learner", "--env", "CartPole-v1", "--listen", f"127.0.0.1:{free_port}",
+         "--min-actors", "1", "--total-steps", "2048", "--run-dir", str(run_dir), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        actor = subprocess.run(
+            [*lockstep_cmd(), "actor", "--learner", f"127.0.0.1:{free_port}", "--env", "CartPole-v1",
+             "--num-envs", "4", "--actor-id", "3"],
+            capture_output=True, text=True, timeout=120)
+        out, _ = learner.communicate(timeout=60)
+    finally:
+        learner.kill()
+    assert actor.returncode == 0, actor.stderr
+    assert "the learner finished training" in actor.stderr
+    assert learner.returncode == 0, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == 2048 and summary["iterations"] == 4
+
+
+@pytest.mark.slow
+def test_interrupted_train_leaves_no_actor_processes(tmp_path):
+    proc = subprocess.Popen(
+        [*lockstep_cmd(), "train", "--env", "CartPole-v1", "--actors", "2", "--total-steps", "10000000",
+         "--run-dir", str(tmp_path / "run"), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        actors: set[int] = set()
+        while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.csv").exists():
+            time.sleep(0.2)
+        time.sleep(1.0)
+        actors = {pid for pid in _children(proc.pid) if _alive(pid)}
+        assert len(actors) >= 2, "expected the actor processes to be running"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    time.sleep(0.5)
+    assert not [pid for pid in actors if _alive(pid)], f"orphaned actors: {actors}"
+    assert (tmp_path / "run" / "checkpoints" / "final.pt").exists()

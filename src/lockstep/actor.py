@@ -6,6 +6,7 @@ It imports no torch: Gymnasium, numpy and gRPC only, so it starts fast and stays
 from __future__ import annotations
 
 import logging
+import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,7 +34,11 @@ class ActorOptions:
     env: str = "CartPole-v1"
     num_envs: int = 1
     actor_id: int = 0
-    connect_timeout: float = 60.0
+    connect_timeout: float = 60.0  # for each connection attempt
+    retry_for_s: float = 300.0  # keep reconnecting this long after the learner went away (0: never)
+    token: str | None = None
+    tls_ca: str | None = None
+    tls_server_name: str | None = None
 
 
 def action_dtype(spec: envs_lib.SpaceSpec) -> np.dtype:
@@ -41,86 +46,133 @@ def action_dtype(spec: envs_lib.SpaceSpec) -> np.dtype:
     return np.dtype(np.int64) if spec.kind == "discrete" else np.dtype(np.float32)
 
 
-def run(opts: ActorOptions) -> int:
-    """Connect, act until the learner finishes training, return an exit code."""
-    vec = envs_lib.make_vector_env(opts.env, opts.num_envs)
-    obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space)
-    act_spec = envs_lib.SpaceSpec.from_space(vec.single_action_space)
-    hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex, num_envs=opts.num_envs,
-                     env_id=opts.env, observation_space=space_to_proto(obs_spec), action_space=space_to_proto(act_spec))
-    try:
-        conn = Connection(opts.learner, hello, connect_timeout=opts.connect_timeout)
-    except ConnectionError as err:
-        log.error("actor %d: %s", opts.actor_id, err)
-        return 1
-    except grpc.RpcError as err:
-        log.error("actor %d: the learner refused the connection: %s", opts.actor_id, err.details())
-        return 2
-    seeds = envs_lib.env_seeds(conn.welcome.seed, opts.actor_id, opts.num_envs)
-    log.info("actor %d: connected to %s (learner run %s)", opts.actor_id, opts.learner, conn.welcome.learner_run)
-    try:
-        _loop(conn, vec, seeds, act_spec)
-    except LearnerClosed:
-        log.info("actor %d: the learner finished training", opts.actor_id)
-        return 0
-    except grpc.RpcError as err:
-        if err.code() in FATAL:
-            log.error("actor %d: the learner refused a message: %s", opts.actor_id, err.details())
-            return 2
-        log.warning("actor %d: stream to the learner ended: %s %s", opts.actor_id, err.code().name, err.details())
-        return 1
-    finally:
-        conn.close()
-        vec.close()
-    return 0
+class EnvLoop:
+    """The actor's environments and what it must tell the learner about their last step."""
 
+    def __init__(self, vec, act_spec: envs_lib.SpaceSpec) -> None:
+        self.vec = vec
+        k = vec.num_envs
+        self.dtype, self.shape = action_dtype(act_spec), act_spec.shape
+        self.low = self.high = None
+        if act_spec.kind == "box":
+            self.low, self.high = act_spec.low.astype(np.float32), act_spec.high.astype(np.float32)
+        self.obs: np.ndarray | None = None
+        self.reward = np.zeros(k, np.float32)
+        self.terminated = np.zeros(k, bool)
+        self.truncated = np.zeros(k, bool)
+        self.final_index, self.final_obs = np.zeros(0, np.int64), None
+        self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
 
-def _loop(conn: Connection, vec, seeds: list[int], act_spec: envs_lib.SpaceSpec) -> None:
-    k = vec.num_envs
-    obs, _ = vec.reset(seed=seeds)
-    reward = np.zeros(k, np.float32)
-    terminated = np.zeros(k, bool)
-    truncated = np.zeros(k, bool)
-    no_final = np.zeros((0, *obs.shape[1:]), obs.dtype)
-    final_index, final_obs = np.zeros(0, np.int64), no_final
-    ep_return, ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
-    dtype = action_dtype(act_spec)
-    shape = act_spec.shape
-    low = high = None
-    if act_spec.kind == "box":
-        low, high = act_spec.low.astype(np.float32), act_spec.high.astype(np.float32)
-    while True:
-        step = step_to_proto(obs, reward, terminated, truncated, final_index, final_obs, ep_return, ep_length)
-        actions, _version = conn.step(step, dtype, shape)
-        if low is not None:
-            actions = np.clip(actions, low, high)  # the learner keeps the unclipped action
-        obs, reward, terminated, truncated, info = vec.step(actions)
-        reward = reward.astype(np.float32, copy=False)
+    def reset(self, seeds: list[int]) -> None:
+        self.obs, _ = self.vec.reset(seed=seeds)
+        self.final_obs = np.zeros((0, *self.obs.shape[1:]), self.obs.dtype)
+
+    def forget_outcome(self) -> None:
+        """After a reconnect the learner has dropped the unroll the last outcome belongs to."""
+        self.reward[:] = 0
+        self.terminated[:] = False
+        self.truncated[:] = False
+        self.final_index, self.final_obs = np.zeros(0, np.int64), self.final_obs[:0]
+
+    def message(self) -> pb.Step:
+        return step_to_proto(self.obs, self.reward, self.terminated, self.truncated, self.final_index,
+                             self.final_obs, self.ep_return, self.ep_length)
+
+    def step(self, actions: np.ndarray) -> None:
+        if self.low is not None:
+            actions = np.clip(actions, self.low, self.high)  # the learner keeps the unclipped action
+        obs, reward, self.terminated, self.truncated, info = self.vec.step(actions)
+        self.obs = obs
+        self.reward = reward.astype(np.float32, copy=False)
         # Same-step autoreset: `obs` already holds reset observations where an episode ended;
         # a truncated episode's last observation is needed to bootstrap its value.
-        ended_by_time = truncated & ~terminated
+        ended_by_time = self.truncated & ~self.terminated
         if ended_by_time.any():
-            final_index = np.flatnonzero(ended_by_time).astype(np.int64)
-            final_obs = np.stack([info["final_obs"][i] for i in final_index]).astype(obs.dtype, copy=False)
+            self.final_index = np.flatnonzero(ended_by_time).astype(np.int64)
+            self.final_obs = np.stack([info["final_obs"][i] for i in self.final_index]).astype(obs.dtype, copy=False)
         else:
-            final_index, final_obs = np.zeros(0, np.int64), no_final
+            self.final_index, self.final_obs = np.zeros(0, np.int64), self.final_obs[:0]
         if "episode" in info:
             done = info["_episode"]
-            ep_return = np.asarray(info["episode"]["r"][done], np.float64)
-            ep_length = np.asarray(info["episode"]["l"][done], np.int64)
+            self.ep_return = np.asarray(info["episode"]["r"][done], np.float64)
+            self.ep_length = np.asarray(info["episode"]["l"][done], np.int64)
         else:
-            ep_return, ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
+            self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
 
 
-def run_with_retries(opts: ActorOptions, attempts: int = 1, backoff_s: float = 1.0) -> int:
-    """Run, reconnecting after a lost stream (not after a refusal) up to ``attempts`` times."""
-    code = 1
-    for attempt in range(attempts):
-        code = run(opts)
-        if code in (0, 2):
-            return code
-        time.sleep(backoff_s * (2 ** attempt))
-    return code
+class Backoff:
+    """Exponential backoff with full jitter, within a total budget."""
+
+    def __init__(self, budget_s: float, base_s: float = 0.5, cap_s: float = 10.0) -> None:
+        self.budget_s, self.base_s, self.cap_s = budget_s, base_s, cap_s
+        self._rng = random.Random()
+        self.reset()
+
+    def reset(self) -> None:
+        self.attempt, self.since = 0, None
+
+    def wait(self) -> bool:
+        """Sleep before the next attempt; False when the budget is spent."""
+        now = time.monotonic()
+        self.since = self.since or now
+        if now - self.since >= self.budget_s:
+            return False
+        delay = self._rng.uniform(0, min(self.cap_s, self.base_s * 2 ** self.attempt))
+        self.attempt += 1
+        time.sleep(min(delay, max(0.0, self.budget_s - (now - self.since))))
+        return True
+
+
+def run(opts: ActorOptions) -> int:
+    """Connect, act until the learner finishes training, reconnecting if it goes away. Returns an exit code:
+    0 training finished, 1 no learner (any more), 2 the learner refused this actor."""
+    vec = envs_lib.make_vector_env(opts.env, opts.num_envs)
+    try:
+        return _run(opts, vec)
+    finally:
+        vec.close()
+
+
+def _run(opts: ActorOptions, vec) -> int:
+    obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space)
+    act_spec = envs_lib.SpaceSpec.from_space(vec.single_action_space)
+    loop = EnvLoop(vec, act_spec)
+    backoff = Backoff(opts.retry_for_s)
+    name = f"actor {opts.actor_id}"
+    while True:
+        hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex, num_envs=opts.num_envs,
+                         env_id=opts.env, observation_space=space_to_proto(obs_spec),
+                         action_space=space_to_proto(act_spec))
+        conn = None
+        try:
+            conn = Connection(opts.learner, hello, connect_timeout=opts.connect_timeout, token=opts.token,
+                              tls_ca=opts.tls_ca, tls_server_name=opts.tls_server_name)
+            log.info("%s: connected to %s (learner run %s)", name, opts.learner, conn.welcome.learner_run)
+            backoff.reset()
+            if loop.obs is None:
+                loop.reset(envs_lib.env_seeds(conn.welcome.seed, opts.actor_id, opts.num_envs))
+            else:
+                loop.forget_outcome()
+            while True:
+                actions, _version = conn.step(loop.message(), loop.dtype, loop.shape)
+                loop.step(actions)
+        except LearnerClosed:
+            log.info("%s: the learner finished training", name)
+            return 0
+        except ConnectionError as err:
+            log.warning("%s: %s", name, err)
+        except grpc.RpcError as err:
+            if err.code() in FATAL:
+                log.error("%s: the learner refused this actor: %s", name, err.details())
+                return 2
+            log.warning("%s: lost the learner (%s: %s)", name, err.code().name, err.details())
+        finally:
+            if conn is not None:
+                conn.close()
+        if not backoff.wait():
+            log.error("%s: no learner at %s for %.0f s; giving up", name, opts.learner, opts.retry_for_s)
+            return 1
+        log.info("%s: reconnecting to %s", name, opts.learner)
 
 
 def process_main(opts: ActorOptions, log_level: int = logging.INFO) -> None:

@@ -23,7 +23,23 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
     return torch.load(path, map_location=device, weights_only=False)
 
 
-def latest(directory: Path) -> Path | None:
-    """The newest checkpoint in ``directory`` by iteration number, or None."""
+def periodic_path(directory: Path, iteration: int) -> Path:
+    return directory / f"iter_{iteration:06d}.pt"
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` periodic checkpoints."""
     found = sorted(directory.glob("iter_*.pt"))
-    return found[-1] if found else None
+    for old in found[:max(0, len(found) - keep)]:
+        old.unlink()
+
+
+def newest(directory: Path) -> tuple[Path, dict] | None:
+    """The checkpoint with the highest iteration (periodic or final), loaded; None if there is none."""
+    best = None
+    for path in [*directory.glob("iter_*.pt"), directory / "final.pt"]:
+        if path.exists():
+            state = load(path)
+            if best is None or state["trainer"]["iteration"] > best[1]["trainer"]["iteration"]:
+                best = (path, state)
+    return best

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 from lockstep import config as config_lib
+from lockstep.sync import NAMES
+from lockstep.transport import security
 
 # flag -> config field; each flag overrides the YAML file given by --config
 TRAINING_FLAGS = [
@@ -28,21 +30,42 @@ TRAINING_FLAGS = [
     ("--listen", "learner.listen", "host:port the learner listens on"),
     ("--min-actors", "learner.min_actors", "actors to wait for before the first phase (0: --actors)"),
     ("--stop-at-return", "run.stop_at_return", "stop once the running mean return reaches this"),
+    ("--sync", "sync.strategy", "synchronization: strict (default), pipelined, spin-flags, spin-redo, reject-retry, seqlock"),
+    ("--max-lag", "sync.max_lag", "pipelined: most versions a sample may lag the version that trains on it"),
+    ("--phase-cutoff", "sync.phase_cutoff", "DD-PPO straggler cut-off: close a phase once this fraction of slots is full"),
+    ("--min-unroll", "sync.min_unroll", "with --phase-cutoff: fraction of T every other slot must have"),
+    ("--checkpoint-every", "run.checkpoint_every", "iterations between periodic checkpoints"),
+    ("--checkpoint-minutes", "run.checkpoint_minutes", "minutes between periodic checkpoints"),
 ]
 
 
 def _add_training_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file; flags override it")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue RUN_DIR from its newest checkpoint (its config.yaml; flags override it)")
     for flag, dotted, help_text in TRAINING_FLAGS:
         p.add_argument(flag, dest=dotted, default=None, help=f"{help_text} [{dotted}]")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config field, e.g. --set ppo.ent_coef=0.0 (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    p.add_argument("--audit", action="store_true", help="write each training batch and policy to RUN_DIR/audit")
+    p.add_argument("--token", help=f"shared secret actors must present (default ${security.TOKEN_ENV}); "
+                                   "required to listen off loopback")
+    p.add_argument("--tls-cert", dest="learner.tls_cert", help="PEM certificate chain: serve TLS [learner.tls_cert]")
+    p.add_argument("--tls-key", dest="learner.tls_key", help="PEM private key for --tls-cert [learner.tls_key]")
+    p.add_argument("--sanitize", action="store_true",
+                   help="replace NaN/inf observations and rewards instead of refusing them [learner.sanitize]")
 
 
 def resolve_config(args: argparse.Namespace) -> config_lib.Config:
-    config = config_lib.load(args.config) if args.config else config_lib.Config()
-    for _, dotted, _ in TRAINING_FLAGS:
+    if args.resume:
+        if args.config:
+            raise config_lib.ConfigError("--resume uses RUN_DIR/config.yaml; give overrides as flags, not --config")
+        config = config_lib.load(Path(args.resume) / "config.yaml")
+        config.run.run_dir = args.resume
+    else:
+        config = config_lib.load(args.config) if args.config else config_lib.Config()
+    for dotted in [d for _, d, _ in TRAINING_FLAGS] + ["learner.tls_cert", "learner.tls_key"]:
         value = getattr(args, dotted)
         if value is not None:
             config_lib.set_value(config, dotted, value)
@@ -53,6 +76,10 @@ def resolve_config(args: argparse.Namespace) -> config_lib.Config:
         config_lib.set_value(config, key.strip(), value.strip())
     if args.no_progress:
         config.run.progress = False
+    if args.audit:
+        config.run.audit = True
+    if args.sanitize:
+        config.learner.sanitize = True
     if not config.run.name:
         env_name = config.env.id.replace("/", "_").replace(":", "_")
         config.run.name = f"{env_name}-s{config.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -79,7 +106,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from lockstep.launch import train
 
     run_dir = Path(config.run.run_dir)
-    summary = train(config, run_dir)
+    summary = train(config, run_dir, token=security.token_from(args.token), resume=bool(args.resume))
     _print_summary(summary, run_dir)
     return 0
 
@@ -90,7 +117,7 @@ def cmd_learner(args: argparse.Namespace) -> int:
     from lockstep.progress import Progress
 
     run_dir = Path(config.run.run_dir)
-    learner = Learner(config, run_dir)
+    learner = Learner(config, run_dir, token=security.token_from(args.token), resume=bool(args.resume))
     import threading
 
     outcome: dict = {}
@@ -118,8 +145,46 @@ def cmd_actor(args: argparse.Namespace) -> int:
     from lockstep.actor import ActorOptions, run
 
     opts = ActorOptions(learner=args.learner, env=args.env, num_envs=args.num_envs, actor_id=args.actor_id,
-                        connect_timeout=args.connect_timeout)
+                        connect_timeout=args.connect_timeout, retry_for_s=args.retry_for,
+                        token=security.token_from(args.token), tls_ca=args.tls_ca,
+                        tls_server_name=args.tls_server_name)
     return run(opts)
+
+
+def cmd_bench_sync(args: argparse.Namespace) -> int:
+    from lockstep.bench import sync as bench_sync
+
+    workload = bench_sync.Workload.quick(args.adversarial) if args.quick else bench_sync.Workload(adversarial=args.adversarial)
+    for field_name in ("env", "actors", "envs_per_actor", "steps_per_env", "iterations", "seed", "time_limit_s"):
+        value = getattr(args, field_name)
+        if value is not None:
+            setattr(workload, field_name, value)
+    if args.adversarial and args.actors is None:
+        workload.actors = max(workload.actors, 2 * workload.inference_threads + 2)
+    out = Path(args.out)
+    bench_sync.run(workload, out, args.strategies)
+    print((out / "sync.md").read_text())
+    print(f"wrote {out / 'sync.md'} and {out / 'sync.json'}")
+    return 0
+
+
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    from lockstep.bench import soak
+
+    report = soak.run(soak.SoakOptions(minutes=args.minutes, kill_every_s=args.kill_every, seed=args.seed),
+                      Path(args.out))
+    width = max(map(len, report))
+    for key, value in report.items():
+        print(f"{key:<{width}}  {value}")
+    print(f"wrote {Path(args.out) / 'soak.json'}")
+    healthy = report["deadlocks"] == 0 and report["off_policy_samples"] == 0 and report["balanced"]
+    return 0 if healthy else 1
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from lockstep.audit import main as audit_main
+
+    return audit_main(args.run_dir, args.tolerance)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,8 +205,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", default="CartPole-v1", help="Gymnasium id or package.module:callable (must match the learner's)")
     p.add_argument("--num-envs", type=int, default=4, help="environments in this actor's vector env")
     p.add_argument("--actor-id", type=int, default=0, help="distinct id per actor (seeds its envs and action noise)")
-    p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the learner")
+    p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for each connection")
+    p.add_argument("--retry-for", type=float, default=300.0,
+                   help="seconds to keep reconnecting (exponential backoff with jitter) after losing the learner")
+    p.add_argument("--token", help=f"the learner's shared secret (default ${security.TOKEN_ENV})")
+    p.add_argument("--tls-ca", help="PEM CA certificate: connect with TLS and verify the learner against it")
+    p.add_argument("--tls-server-name", help="name to verify in the learner's certificate, if not the host")
     p.set_defaults(func=cmd_actor)
+
+    p = sub.add_parser("audit", help="recompute the behaviour log-probs of a run trained with --audit")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory of a `lockstep train --audit` run")
+    p.add_argument("--tolerance", type=float, default=1e-5, help="largest |recomputed - stored| log-prob accepted")
+    p.set_defaults(func=cmd_audit)
+    bench = sub.add_parser("bench", help="benchmarks; each writes a table and JSON to --out")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    p = bench_sub.add_parser("sync", help="the same workload once per synchronization strategy")
+    p.add_argument("--out", default="bench-results", help="folder for sync.md and sync.json")
+    p.add_argument("--quick", action="store_true", help="a small workload, under two minutes")
+    p.add_argument("--adversarial", action="store_true",
+                   help="random delays in inference, training and guards; more actors than inference threads")
+    p.add_argument("--strategies", nargs="+", choices=NAMES, help="subset to run (default: all)")
+    p.add_argument("--env")
+    p.add_argument("--actors", type=int)
+    p.add_argument("--envs-per-actor", type=int)
+    p.add_argument("--steps-per-env", type=int)
+    p.add_argument("--iterations", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--time-limit-s", type=float, help="per strategy")
+    p.set_defaults(func=cmd_bench_sync)
+
+    p = bench_sub.add_parser("soak", help="train while killing actors and once the learner; check the books")
+    p.add_argument("--minutes", type=float, default=3.0, help="training time, across the learner restart")
+    p.add_argument("--kill-every", type=float, default=12.0, help="mean seconds between actor kills")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default="bench-results/soak", help="folder for soak.json, soak.log and the run")
+    p.set_defaults(func=cmd_bench_soak)
     return parser
 
 
@@ -153,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except config_lib.ConfigError as err:
         print(f"lockstep: config error: {err}", file=sys.stderr)
+        return 2
+    except (security.SecurityError, FileNotFoundError) as err:
+        print(f"lockstep: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lockstep: interrupted", file=sys.stderr)

@@ -15,12 +15,15 @@ from typing import Any
 
 import yaml
 
+from lockstep.sync import NAMES as SYNC_NAMES
+
 
 @dataclass
 class EnvConfig:
     id: str = "CartPole-v1"  # Gymnasium id or package.module:callable
     actors: int = 2  # local actor processes started by `lockstep train`
     envs_per_actor: int = 2  # environments in each actor's vector env
+    actor_restarts: int = 10  # `lockstep train` restarts a dead local actor at most this often
     normalize_obs: bool = False  # running mean/std of observations, part of the policy snapshot
     normalize_reward: bool = False  # scale rewards by the std of the discounted return
     clip_obs: float = 10.0  # after normalization
@@ -55,6 +58,17 @@ class ModelConfig:
 
 
 @dataclass
+class SyncConfig:
+    strategy: str = "strict"  # strict, pipelined, or a reference strategy (see docs/synchronization.md)
+    max_lag: int = 1  # pipelined: most versions a sample may lag the version that trains on it
+    inference_threads: int = 2  # reference strategies: threads that run their per-request forward passes
+    jitter_ms: float = 0.0  # adversarial testing: random delays up to this in inference, training and guards
+    stall_s: float = 10.0  # a phase collecting longer than this counts as a stall (and is logged)
+    phase_cutoff: float | None = None  # DD-PPO: close a phase once this fraction of env slots is full ...
+    min_unroll: float = 0.25  # ... and every other slot has at least this fraction of T steps
+
+
+@dataclass
 class LearnerConfig:
     listen: str = "127.0.0.1:0"  # host:port; port 0 picks a free one
     min_actors: int = 0  # actors to wait for before the first phase; 0 means env.actors
@@ -62,6 +76,10 @@ class LearnerConfig:
     max_wait_ms: float = 2.0  # longest a request waits for others to share its forward pass
     device: str = "auto"  # auto, cpu or cuda
     torch_threads: int = 1  # small networks run fastest on one thread
+    max_message_mb: int = 64  # largest message accepted from an actor; larger ones are refused
+    sanitize: bool = False  # replace NaN/inf in observations and rewards instead of refusing the step
+    tls_cert: str = ""  # PEM certificate chain; with tls_key, the learner serves TLS
+    tls_key: str = ""  # PEM private key
 
 
 @dataclass
@@ -70,9 +88,13 @@ class RunConfig:
     run_dir: str = ""  # defaults to runs/<name>
     seed: int = 1
     thresholds: list[float] = field(default_factory=list)  # returns whose first crossing summary.json records
-    checkpoint_every: int = 0  # iterations between checkpoints; 0 keeps only the final one
+    checkpoint_every: int = 0  # iterations between periodic checkpoints (0: none by count)
+    checkpoint_minutes: float = 0.0  # minutes between periodic checkpoints (0: none by time)
+    keep_checkpoints: int = 3  # periodic checkpoints kept (the newest); final.pt is always kept
     progress: bool = True  # live progress display
     stop_at_return: float | None = None  # stop early once the running mean reaches it
+    time_limit_s: float | None = None  # stop after this many seconds of training, whatever the step count
+    audit: bool = False  # write every training batch and policy version to audit/ (see `lockstep audit`)
 
 
 @dataclass
@@ -81,6 +103,7 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     @property
@@ -101,6 +124,12 @@ class Config:
             (self.ppo.total_steps >= 1, f"ppo.total_steps must be positive, got {self.ppo.total_steps}"),
             (self.learner.device in ("auto", "cpu", "cuda") or self.learner.device.startswith("cuda:"),
              f"learner.device must be auto, cpu or cuda, got {self.learner.device!r}"),
+            (self.sync.strategy in SYNC_NAMES,
+             f"sync.strategy must be one of {', '.join(SYNC_NAMES)}, got {self.sync.strategy!r}"),
+            (self.sync.phase_cutoff is None or 0 < self.sync.phase_cutoff <= 1,
+             f"sync.phase_cutoff must be in (0, 1], got {self.sync.phase_cutoff}"),
+            (0 <= self.sync.min_unroll <= 1, f"sync.min_unroll must be in [0, 1], got {self.sync.min_unroll}"),
+            (self.sync.max_lag >= 1, f"sync.max_lag must be at least 1 (0 is sync.strategy=strict), got {self.sync.max_lag}"),
             (self.model.activation in ("tanh", "relu"),
              f"model.activation must be tanh or relu, got {self.model.activation!r}"),
         ]

@@ -58,6 +58,7 @@ class InferenceResult:
     logprobs: np.ndarray
     values: np.ndarray
     version: int
+    torn: bool = False  # the forward pass read parameters of two versions (in-place strategies only)
 
 
 @dataclass

@@ -1,4 +1,8 @@
-"""``lockstep train``: one learner in this process and local actor processes on loopback."""
+"""``lockstep train``: one learner in this process and local actor processes on loopback.
+
+Local actors are supervised: one that dies (not one that finished, nor one the
+learner refused) is restarted after a backoff, up to ``env.actor_restarts`` times.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,109 @@ import logging
 import multiprocessing as mp
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lockstep.actor import ActorOptions, process_main
 from lockstep.config import Config
 from lockstep.learner import Learner
+from lockstep.metrics import write_summary
 from lockstep.progress import Progress
 
 log = logging.getLogger("lockstep.train")
 
+FINISHED, REFUSED = 0, 2  # actor exit codes that a restart cannot help
 
-def train(config: Config, run_dir: Path) -> dict[str, Any]:
+
+@dataclass
+class _Supervised:
+    options: ActorOptions
+    process: mp.process.BaseProcess | None = None
+    restarts: int = 0
+    restart_at: float | None = None  # when a dead actor is due to be restarted
+    history: list[float] = field(default_factory=list)
+
+
+class ActorSupervisor:
+    """Starts local actor processes (spawned, never forked: gRPC does not survive fork) and restarts dead ones."""
+
+    def __init__(self, options: list[ActorOptions], max_restarts: int, backoff_s: float = 1.0,
+                 max_backoff_s: float = 30.0) -> None:
+        self._ctx = mp.get_context("spawn")
+        self._level = logging.getLogger().getEffectiveLevel()
+        self.actors = [_Supervised(o) for o in options]
+        self.max_restarts = max_restarts
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+
+    @property
+    def restarts(self) -> int:
+        return sum(a.restarts for a in self.actors)
+
+    def start(self) -> None:
+        for actor in self.actors:
+            self._spawn(actor)
+
+    def _spawn(self, actor: _Supervised) -> None:
+        actor.process = self._ctx.Process(target=process_main, args=(actor.options, self._level),
+                                          name=f"lockstep-actor-{actor.options.actor_id}", daemon=True)
+        actor.process.start()
+
+    def pids(self) -> list[int]:
+        return [a.process.pid for a in self.actors if a.process is not None and a.process.is_alive()]
+
+    def all_exited(self) -> bool:
+        return all(a.process is None or not a.process.is_alive() for a in self.actors) and not any(
+            a.restart_at is not None for a in self.actors)
+
+    def check(self, training: bool) -> None:
+        """Restart actors that died while training runs."""
+        now = time.monotonic()
+        for actor in self.actors:
+            proc = actor.process
+            if actor.restart_at is not None:
+                if now >= actor.restart_at:
+                    actor.restart_at = None
+                    actor.restarts += 1
+                    log.warning("restarting actor %d (restart %d of at most %d)",
+                                actor.options.actor_id, actor.restarts, self.max_restarts)
+                    self._spawn(actor)
+                continue
+            if proc is None or proc.is_alive() or not training:
+                continue
+            code = proc.exitcode
+            if code in (FINISHED, REFUSED):
+                continue
+            if actor.restarts >= self.max_restarts:
+                if actor.process is not None:
+                    log.error("actor %d died (exit code %s) and has used its %d restarts; not restarting",
+                              actor.options.actor_id, code, self.max_restarts)
+                    actor.process = None
+                continue
+            delay = min(self.max_backoff_s, self.backoff_s * 2 ** actor.restarts)
+            log.warning("actor %d died (exit code %s); restarting in %.1f s", actor.options.actor_id, code, delay)
+            actor.restart_at = now + delay
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        procs = [a.process for a in self.actors if a.process is not None]
+        for a in self.actors:
+            a.restart_at = None
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(timeout=2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def train(config: Config, run_dir: Path, token: str | None = None, resume: bool = False) -> dict[str, Any]:
     """Train to the step budget; every process started here is gone when this returns."""
-    learner = Learner(config, run_dir)
+    learner = Learner(config, run_dir, token=token, resume=resume)
     outcome: dict[str, Any] = {}
 
     def serve() -> None:
@@ -30,24 +123,24 @@ def train(config: Config, run_dir: Path) -> dict[str, Any]:
 
     thread = threading.Thread(target=serve, name="lockstep-learner")
     thread.start()
-    actors: list[mp.process.BaseProcess] = []
+    supervisor: ActorSupervisor | None = None
     try:
         port = learner.wait_ready(timeout=60)
-        ctx = mp.get_context("spawn")  # gRPC does not survive fork
-        level = logging.getLogger().getEffectiveLevel()
-        for i in range(config.env.actors):
-            opts = ActorOptions(learner=f"127.0.0.1:{port}", env=config.env.id,
-                                num_envs=config.env.envs_per_actor, actor_id=i)
-            proc = ctx.Process(target=process_main, args=(opts, level), name=f"lockstep-actor-{i}", daemon=True)
-            proc.start()
-            actors.append(proc)
+        tls = config.learner.tls_cert or None
+        supervisor = ActorSupervisor(
+            [ActorOptions(learner=f"127.0.0.1:{port}", env=config.env.id, num_envs=config.env.envs_per_actor,
+                          actor_id=i, token=token, tls_ca=tls, tls_server_name="localhost" if tls else None)
+             for i in range(config.env.actors)],
+            max_restarts=config.env.actor_restarts)
+        supervisor.start()
         log.info("run directory %s; %d actor(s) x %d env(s) on port %d",
                  run_dir, config.env.actors, config.env.envs_per_actor, port)
         with Progress(config, enabled=config.run.progress) as progress:
             while thread.is_alive():
                 thread.join(timeout=0.25)
                 progress.update(learner.status)
-                if not learner.status.started and actors and all(not p.is_alive() for p in actors):
+                supervisor.check(training=not learner.finished)
+                if not learner.status.started and supervisor.all_exited():
                     raise RuntimeError("every actor process exited before training started; see the log above")
     except KeyboardInterrupt:
         log.warning("interrupted: stopping the learner and the actors")
@@ -55,21 +148,11 @@ def train(config: Config, run_dir: Path) -> dict[str, Any]:
     finally:
         learner.stop()
         thread.join()
-        _stop_processes(actors)
+        if supervisor is not None:
+            supervisor.stop()
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["summary"]
-
-
-def _stop_processes(procs: list[mp.process.BaseProcess], grace_s: float = 5.0) -> None:
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        proc.join(timeout=max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        proc.join(timeout=2.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+    summary = outcome["summary"]
+    summary["actor_restarts"] = supervisor.restarts
+    write_summary(run_dir / "summary.json", summary)
+    return summary

@@ -18,6 +18,7 @@ COLUMNS = [
     "episode_return_mean20", "episode_length_mean", "off_policy_samples", "policy_lag_mean", "policy_lag_max",
     "inference_batch_mean", "collect_s", "train_s", "dropped_transitions", "actors", "lr",
     "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
+    "wasted_forward_passes", "rejected_rpcs", "torn_reads", "stalls",
 ]
 
 
@@ -49,6 +50,19 @@ class EpisodeTracker:
                         if mean >= t and self.first_reached[_key(t)] is None:
                             self.first_reached[_key(t)] = {"env_steps": env_steps, "wall_s": round(wall_s, 3)}
 
+    def state_dict(self) -> dict:
+        with self._lock:
+            return {"returns": list(self._returns), "lengths": list(self._lengths), "recent": list(self._recent),
+                    "count": self.count, "first_reached": dict(self.first_reached)}
+
+    def load_state_dict(self, state: dict) -> None:
+        with self._lock:
+            self._returns.extend(state["returns"])
+            self._lengths.extend(state["lengths"])
+            self._recent.extend(state["recent"])
+            self.count = state["count"]
+            self.first_reached.update(state["first_reached"])
+
     def stats(self) -> dict[str, float]:
         with self._lock:
             return {
@@ -68,11 +82,22 @@ def _mean(values) -> float:
 
 
 class MetricsWriter:
-    """Writes one row per iteration to metrics.csv and TensorBoard."""
+    """Writes one row per iteration to metrics.csv and TensorBoard.
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, append: bool = False) -> None:
+    ``resume_after``: continue a run whose checkpoint is at that iteration, dropping
+    any rows written after it, so the file has no gap and no duplicate.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_after: int | None = None) -> None:
         self.path = run_dir / "metrics.csv"
-        exists = append and self.path.exists()
+        exists = resume_after is not None and self.path.exists()
+        if exists:
+            with self.path.open(newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_after]
+            with self.path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+                writer.writeheader()
+                writer.writerows(rows)
         self._file = self.path.open("a" if exists else "w", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=COLUMNS, extrasaction="ignore")
         if not exists:

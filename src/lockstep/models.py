@@ -8,6 +8,7 @@ stream whatever batch its request lands in.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -59,13 +60,18 @@ class ActorCritic(nn.Module):
         """[B, *obs] -> [B]"""
         return self.critic(obs.flatten(1)).squeeze(-1)
 
-    def sample(self, obs: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample(self, obs: torch.Tensor, uniform: torch.Tensor,
+               between: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample actions with the given noise. obs [B, *obs], uniform [B, noise_width] in (0, 1).
 
-        Returns action [B, *act], log-prob [B], value [B].
+        Returns action [B, *act], log-prob [B], value [B]. ``between`` runs after the
+        policy head and before the value head (adversarial tests widen the window in
+        which an in-place update could tear a forward pass).
         """
         flat = obs.flatten(1)
         out = self.actor(flat)
+        if between is not None:
+            between()
         value = self.critic(flat).squeeze(-1)
         if self.discrete:
             logits = out.log_softmax(-1)  # [B, n]

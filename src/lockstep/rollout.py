@@ -56,11 +56,12 @@ class Unroll:
         self.steps_completed = t + 1
 
     def finish(self, bootstrap_obs: np.ndarray) -> None:
+        """The observation after the last step: T steps, or fewer when the phase cut stragglers short."""
         self.bootstrap_obs = np.array(bootstrap_obs)
 
     @property
     def complete(self) -> bool:
-        return self.steps_completed == self.num_steps and self.bootstrap_obs is not None
+        return 0 < self.steps_acted == self.steps_completed and self.bootstrap_obs is not None
 
 
 @dataclass
@@ -78,7 +79,8 @@ class Batch:
     terminated: np.ndarray  # [T, N]
     truncated: np.ndarray  # [T, N]
     versions: np.ndarray  # [T, N] version that produced each action
-    bootstrap_obs: np.ndarray  # [N, *obs]
+    bootstrap_obs: np.ndarray  # [N, *obs] the observation after each slot's last step
+    lengths: np.ndarray  # [N] steps of each slot: T, or fewer for an unroll cut short
     final_t: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [M] step of each truncation
     final_n: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [M] slot of each truncation
     final_obs: np.ndarray | None = None  # [M, *obs] last observation of each truncated episode
@@ -92,8 +94,14 @@ class Batch:
         return self.obs.shape[1]
 
     @property
+    def valid(self) -> np.ndarray:
+        """[T, N] True where a slot has a step (False past the end of an unroll cut short)."""
+        return np.arange(self.num_steps)[:, None] < self.lengths[None, :]
+
+    @property
     def size(self) -> int:
-        return self.num_steps * self.num_slots
+        """Transitions in the batch."""
+        return int(self.lengths.sum())
 
 
 class IncompleteUnrollError(RuntimeError):
@@ -108,7 +116,7 @@ def assemble(version: int, unrolls: list[Unroll]) -> Batch:
     for u in unrolls:
         if not u.complete:
             raise IncompleteUnrollError(
-                f"unroll of member {u.member} has {u.steps_completed}/{u.num_steps} steps completed"
+                f"unroll of member {u.member} has {u.steps_completed} of {u.steps_acted} steps completed"
             )
     cat = lambda name: np.concatenate([getattr(u, name) for u in unrolls], axis=1)  # noqa: E731
     offsets = np.cumsum([0] + [u.obs.shape[1] for u in unrolls])
@@ -122,6 +130,7 @@ def assemble(version: int, unrolls: list[Unroll]) -> Batch:
         rewards=cat("rewards"), terminated=cat("terminated"), truncated=cat("truncated"),
         versions=cat("versions"),
         bootstrap_obs=np.concatenate([u.bootstrap_obs for u in unrolls], axis=0),
+        lengths=np.concatenate([np.full(u.obs.shape[1], u.steps_acted, np.int64) for u in unrolls]),
         final_t=np.concatenate([np.full(len(idx), t, np.int64) for t, idx, _ in finals]) if finals else np.zeros(0, np.int64),
         final_n=np.concatenate([idx for _, idx, _ in finals]) if finals else np.zeros(0, np.int64),
         final_obs=(np.concatenate([obs for _, _, obs in finals], axis=0) if finals

@@ -21,7 +21,7 @@ from lockstep.rollout import Batch
 
 
 class OffPolicyError(RuntimeError):
-    """A strict-mode batch holds samples from a version other than the one being trained."""
+    """A batch holds samples whose lag exceeds what the synchronization allows (strict: any lag)."""
 
 
 @dataclass
@@ -50,13 +50,14 @@ class RewardScaler:
         running = np.concatenate([
             self.returns.get(m, np.zeros(k)) for m, k in zip(batch.members, batch.slots_per_member)
         ])  # [N]
+        valid = batch.valid
         seen = np.empty((T, batch.num_slots))
         done = batch.terminated | batch.truncated
         for t in range(T):
-            running = running * self.gamma + batch.rewards[t]
+            running = np.where(valid[t], running * self.gamma + batch.rewards[t], running)
             seen[t] = running
-            running = np.where(done[t], 0.0, running)
-        self.rms.update(seen.reshape(-1))
+            running = np.where(valid[t] & done[t], 0.0, running)
+        self.rms.update(seen[valid])
         offsets = np.cumsum((0,) + batch.slots_per_member)
         for m, start, end in zip(batch.members, offsets[:-1], offsets[1:]):
             self.returns[m] = running[start:end]
@@ -64,10 +65,12 @@ class RewardScaler:
 
 
 class Trainer:
-    def __init__(self, config: Config, spec: EnvSpec, device: torch.device) -> None:
+    def __init__(self, config: Config, spec: EnvSpec, device: torch.device, max_lag: int | None = 0) -> None:
         self.config = config
         self.device = device
-        self.strict = True
+        self.max_lag = max_lag  # samples lagging more are an error; None: only counted
+        self.lag_sum = 0  # over every trained sample, for the run's mean lag
+        self.lag_max = 0
         torch.manual_seed(config.run.seed)
         m = config.model
         self.model = ActorCritic(spec.observation, spec.action, m.hidden, m.activation, m.init_log_std).to(device)
@@ -86,7 +89,7 @@ class Trainer:
         var = None if self.obs_rms is None else self.obs_rms.var
         return PolicySnapshot(self.version, self.model, mean, var, self.config.env.clip_obs, self.device)
 
-    def _normalizer(self) -> ObsNormalizer:
+    def normalizer(self) -> ObsNormalizer:
         mean = None if self.obs_rms is None else self.obs_rms.mean
         var = None if self.obs_rms is None else self.obs_rms.var
         return ObsNormalizer(mean, var, self.config.env.clip_obs, self.device)
@@ -101,55 +104,69 @@ class Trainer:
         """One PPO update on ``batch``; afterwards ``version`` is one higher."""
         start = time.perf_counter()
         cfg = self.config.ppo
-        lag = self.version - batch.versions  # [T, N]
+        valid = batch.valid  # [T, N]; False only past the end of unrolls cut short
+        lag = self.version - batch.versions[valid]  # [B]
         off_policy = int(np.count_nonzero(lag != 0))
-        if self.strict and off_policy:
-            raise OffPolicyError(
-                f"{off_policy} of {batch.size} samples were produced by versions "
-                f"{sorted(set(batch.versions[lag != 0].tolist()))}, not by version {self.version} that trains on them"
-            )
+        if self.max_lag is not None:
+            bad = (lag < 0) | (lag > self.max_lag)
+            if bad.any():
+                raise OffPolicyError(
+                    f"{int(bad.sum())} of {batch.size} samples were produced by versions "
+                    f"{sorted(set(batch.versions[valid][bad].tolist()))}; version {self.version} trains on them "
+                    f"and allows a lag of at most {self.max_lag}"
+                )
         dev = self.device
         as_t = lambda a, dtype=torch.float32: torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=dev)  # noqa: E731
-        normalize = self._normalizer()
+        normalize = self.normalizer()
         T, N = batch.num_steps, batch.num_slots
         obs = normalize(as_t(batch.obs))  # [T, N, *obs], with the statistics the batch was collected with
         values = as_t(batch.values)  # [T, N]
         rewards = as_t(self.reward_scaler.scale(batch) if self.reward_scaler else batch.rewards)
         terminated, truncated = as_t(batch.terminated), as_t(batch.truncated)
+        last = torch.as_tensor(batch.lengths - 1, device=dev)  # [N] each slot's last step
+        slots = torch.arange(N, device=dev)
         with torch.no_grad():
             next_values = torch.empty_like(values)  # [T, N] value of the state after each step
             next_values[:-1] = values[1:]
-            next_values[-1] = self.model.value(normalize(as_t(batch.bootstrap_obs)))
+            next_values[last, slots] = self.model.value(normalize(as_t(batch.bootstrap_obs)))
             next_values = next_values * (1.0 - terminated)
             if len(batch.final_t):  # truncated: bootstrap from the episode's own last observation
                 final_values = self.model.value(normalize(as_t(batch.final_obs)))
                 next_values[batch.final_t, batch.final_n] = final_values
             continues = 1.0 - torch.maximum(terminated, truncated)
+            continues[last, slots] = 0.0  # nothing after a slot's last step belongs to its trace
             advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
         lr = self.learning_rate()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         action_dtype = torch.long if self.model.discrete else torch.float32
         self.model.train()
+        keep = torch.as_tensor(valid, device=dev)  # flatten [T, N] -> [B], dropping steps past a cut
         stats = ppo.update(
             self.model, self.optimizer,
-            obs.reshape(T * N, *obs.shape[2:]), as_t(batch.actions, action_dtype).reshape(T * N, *batch.actions.shape[2:]),
-            as_t(batch.logprobs).reshape(-1), advantages.reshape(-1), returns.reshape(-1), values.reshape(-1),
+            obs[keep], as_t(batch.actions, action_dtype)[keep],
+            as_t(batch.logprobs)[keep], advantages[keep], returns[keep], values[keep],
             epochs=cfg.epochs, minibatches=cfg.minibatches, clip_coef=cfg.clip_coef, clip_vloss=cfg.clip_vloss,
             vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv,
             target_kl=cfg.target_kl, generator=self.generator,
         )
         if self.obs_rms is not None:
-            self.obs_rms.update(batch.obs.reshape(T * N, *batch.obs.shape[2:]))
+            self.obs_rms.update(batch.obs[valid])
         trained_version = self.version
         self.version += 1
         self.iteration += 1
         self.env_steps += batch.size
+        self.lag_sum += int(lag.sum())
+        self.lag_max = max(self.lag_max, int(lag.max()))
         return TrainStats(
             version=trained_version, samples=batch.size, off_policy_samples=off_policy,
             policy_lag_mean=float(lag.mean()), policy_lag_max=int(lag.max()),
             train_s=time.perf_counter() - start, lr=lr, update=stats,
         )
+
+    def skip(self) -> None:
+        """A phase closed with no data: the next version is this one, unchanged."""
+        self.version += 1
 
     # -- checkpoints ----------------------------------------------------------------
 
@@ -163,6 +180,8 @@ class Trainer:
             "version": self.version,
             "iteration": self.iteration,
             "env_steps": self.env_steps,
+            "lag_sum": self.lag_sum,
+            "lag_max": self.lag_max,
             "torch_rng": torch.get_rng_state(),
             "generator": self.generator.get_state(),
         }
@@ -176,5 +195,6 @@ class Trainer:
             self.reward_scaler.rms.load_state_dict(state["reward_rms"])
             self.reward_scaler.returns = dict(state["reward_returns"])
         self.version, self.iteration, self.env_steps = state["version"], state["iteration"], state["env_steps"]
+        self.lag_sum, self.lag_max = state["lag_sum"], state["lag_max"]
         torch.set_rng_state(state["torch_rng"])
         self.generator.set_state(state["generator"])

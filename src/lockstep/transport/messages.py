@@ -77,7 +77,9 @@ def step_to_proto(obs, reward, terminated, truncated, final_index, final_obs,
     )
 
 
-def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec) -> StepData:
+def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec, sanitize: bool = False) -> StepData:
+    """Decode and validate a Step. Non-finite observations or rewards are an error, or,
+    with ``sanitize``, replaced (NaN by 0, infinities by the dtype's extremes)."""
     k, obs_shape, obs_dtype = num_envs, observation.shape, observation.dtype
     obs = decode(msg.observation, "step.observation", obs_dtype, (k, *obs_shape))
     final_index = decode(msg.final_index, "step.final_index", np.int64, (None,))
@@ -95,4 +97,15 @@ def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec) -> Step
         episode_return=episode_return,
         episode_length=decode(msg.episode_length, "step.episode_length", np.int64, (len(episode_return),)),
     )
+    for name in ("obs", "reward", "final_obs"):
+        value = getattr(data, name)
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            if not sanitize:
+                bad = int(value.size - np.isfinite(value).sum())
+                raise CodecError(f"step.{_FIELD[name]}: {bad} non-finite value(s) (NaN or inf); fix the environment, "
+                                 "or start the learner with --sanitize to replace them")
+            setattr(data, name, np.nan_to_num(value))
     return data
+
+
+_FIELD = {"obs": "observation", "reward": "reward", "final_obs": "final_observation"}

@@ -8,12 +8,14 @@ what to do with a step is the ``ActorHandler``'s business.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
-from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL, SERVICE
+from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL, SERVICE, security
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError, encode
 from lockstep.transport.messages import HelloInfo, StepData, hello_from_proto, step_from_proto
@@ -29,9 +31,18 @@ class HandshakeError(Exception):
         self.code = code
 
 
+@dataclass(frozen=True)
+class Reply:
+    """The answer to one Step: actions [k, *act] and the version that produced them,
+    or ``actions=None``: no action, the actor sends the same Step again."""
+
+    actions: np.ndarray | None
+    version: int
+
+
 class ActorSession(Protocol):
-    async def step(self, data: StepData) -> tuple[np.ndarray, int] | None:
-        """Actions [k, *act] and the version that produced them, or None when training is over."""
+    async def step(self, data: StepData) -> Reply | None:
+        """The reply to a step, or None when training is over."""
 
     def close(self) -> None:
         """The stream ended (actor gone, error, or training over)."""
@@ -46,30 +57,63 @@ def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.keepalive_time_ms", 10_000),  # ping idle actors every 10 s ...
+        ("grpc.keepalive_timeout_ms", 5_000),  # ... and drop a stream whose actor does not answer in 5 s
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.so_reuseport", 0),
     ]
 
 
+class _Malformed:
+    """What the deserializer returns for bytes that are not an ActorMessage (so the stream can say so)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _deserialize(data: bytes) -> pb.ActorMessage | _Malformed:
+    try:
+        return pb.ActorMessage.FromString(data)
+    except DecodeError as err:
+        return _Malformed(err)
+
+
+def _kind(msg) -> str | None:
+    return None if isinstance(msg, _Malformed) else msg.WhichOneof("kind")
+
+
 class LearnerServer:
-    def __init__(self, handler: ActorHandler, listen: str,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    """Serves actor streams for an ``ActorHandler``.
+
+    Every stream is checked for the token (when one is set) before its hello is
+    read; every message is decoded and validated before the handler sees it; a
+    bad message ends only its own stream, with a status that names the problem.
+    """
+
+    def __init__(self, handler: ActorHandler, listen: str, *, token: str | None = None,
+                 tls: tuple[str, str] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 sanitize: bool = False) -> None:
+        security.check_listen(listen, token)
         self._handler = handler
         self._listen = listen
+        self._token = token
+        self._credentials = security.server_credentials(*tls) if tls else None
+        self._sanitize = sanitize
         self._server = grpc.aio.server(options=server_options(max_message_bytes))
         rpc = grpc.stream_stream_rpc_method_handler(
-            self._connect,
-            request_deserializer=pb.ActorMessage.FromString,
+            self._connect, request_deserializer=_deserialize,
             response_serializer=pb.LearnerMessage.SerializeToString,
         )
         self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {"Connect": rpc})])
+        self._logged: set[tuple[str, str]] = set()
         self.port: int | None = None
 
     async def start(self) -> int:
-        self.port = self._server.add_insecure_port(self._listen)
+        if self._credentials is not None:
+            self.port = self._server.add_secure_port(self._listen, self._credentials)
+        else:
+            self.port = self._server.add_insecure_port(self._listen)
         if not self.port:
             raise OSError(f"cannot listen on {self._listen}")
         await self._server.start()
@@ -78,13 +122,29 @@ class LearnerServer:
     async def stop(self, grace: float | None = 1.0) -> None:
         await self._server.stop(grace)
 
+    async def _refuse(self, context, code: grpc.StatusCode, message: str, who: str) -> None:
+        """End the stream with ``code``; log each kind of refusal once per peer."""
+        key = (who, message.split(":", 1)[0])
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning("refused %s: %s %s", who, code.name, message)
+        await context.abort(code, message)
+
     async def _connect(self, requests, context: grpc.aio.ServicerContext):
-        first = await context.read()
-        if first is grpc.aio.EOF:
+        """One actor's stream, as an async generator of replies (cheaper per message than context.write)."""
+        peer = context.peer()
+        if self._token is not None:
+            problem = security.authorized(context.invocation_metadata(), self._token)
+            if problem:
+                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, problem, peer)
+        first = await anext(requests, None)
+        if first is None:
             return
-        if first.WhichOneof("kind") != "hello":
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"the first message must be a hello, got {first.WhichOneof('kind') or 'an empty message'}")
+        if _kind(first) != "hello":
+            got = "bytes that are not a protobuf message" if isinstance(first, _Malformed) else (
+                _kind(first) or "an empty message")
+            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
+                               f"the first message must be a hello, got {got}", peer)
         try:
             hello = hello_from_proto(first.hello)
             if hello.protocol != PROTOCOL:
@@ -93,26 +153,30 @@ class LearnerServer:
                                      "run the same lockstep version on both")
             session, welcome = self._handler.connect(hello)
         except CodecError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"hello: {err}")
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"hello: {err}", peer)
         except HandshakeError as err:
-            await context.abort(err.code, str(err))
+            await self._refuse(context, err.code, str(err), peer)
+        who = f"actor {hello.actor_id}"
         try:
-            await context.write(pb.LearnerMessage(welcome=welcome))
-            while True:
-                msg = await context.read()
-                if msg is grpc.aio.EOF:
-                    return
+            yield pb.LearnerMessage(welcome=welcome)
+            async for msg in requests:
+                if isinstance(msg, _Malformed):
+                    await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                                       f"{who}: a message that is not a valid ActorMessage protobuf ({msg.error})", who)
                 if msg.WhichOneof("kind") != "step":
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                        f"actor {hello.actor_id}: expected a step, got {msg.WhichOneof('kind')}")
+                    await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
+                                       f"{who}: expected a step, got {msg.WhichOneof('kind') or 'an empty message'}", who)
                 try:
-                    data = step_from_proto(msg.step, hello.num_envs, hello.observation)
+                    data = step_from_proto(msg.step, hello.num_envs, hello.observation, self._sanitize)
                 except CodecError as err:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actor {hello.actor_id}: {err}")
+                    await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"{who}: {err}", who)
                 reply = await session.step(data)
                 if reply is None:
                     return
-                actions, version = reply
-                await context.write(pb.LearnerMessage(action=pb.Action(action=encode(actions), policy_version=version)))
+                if reply.actions is None:
+                    action = pb.Action(policy_version=reply.version, retry=True)
+                else:
+                    action = pb.Action(action=encode(reply.actions), policy_version=reply.version)
+                yield pb.LearnerMessage(action=action)
         finally:
             session.close()

@@ -1,0 +1,75 @@
+"""Synchronization strategies on the real learner: real actor processes, real gRPC, real PPO."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from lockstep import audit
+from lockstep import config as config_lib
+from lockstep.launch import train
+from lockstep.sync.reference import REFERENCE
+
+pytestmark = pytest.mark.slow
+
+
+def _config(tmp_path, strategy: str, **overrides) -> config_lib.Config:
+    config = config_lib.load("configs/cartpole.yaml")
+    config.sync.strategy = strategy
+    config.run.progress = False
+    config.run.run_dir = str(tmp_path / "run")
+    for key, value in overrides.items():
+        config_lib.set_value(config, key, value)
+    return config
+
+
+def _rows(run_dir) -> list[dict]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_strict_with_random_delays_and_16_actors_trains_only_on_policy(tmp_path):
+    config = _config(tmp_path, "strict", **{
+        "env.actors": 16, "env.envs_per_actor": 1, "ppo.steps_per_env": 16, "ppo.total_steps": 16 * 16 * 6,
+        "sync.jitter_ms": 3.0, "run.audit": True,
+    })
+    summary = train(config, tmp_path / "run")
+    rows = _rows(tmp_path / "run")
+    assert len(rows) == 6
+    assert summary["off_policy_samples"] == 0 and summary["torn_reads"] == 0
+    assert all(int(r["off_policy_samples"]) == 0 and int(r["policy_lag_max"]) == 0 for r in rows)
+    report = audit.check(tmp_path / "run")
+    assert len(report.iterations) == 6
+    assert report.differing == 0 and report.off_version == 0
+    assert report.exit_code == 0
+
+
+@pytest.mark.parametrize("max_lag", [1, 2])
+def test_pipelined_lag_stays_within_its_bound_and_cartpole_still_learns(tmp_path, max_lag):
+    config = _config(tmp_path, "pipelined", **{
+        "sync.max_lag": max_lag, "sync.jitter_ms": 2.0, "env.actors": 2, "env.envs_per_actor": 4,
+        "ppo.steps_per_env": 32, "ppo.lr": 1e-3, "ppo.total_steps": 80_000, "run.stop_at_return": 195,
+    })
+    summary = train(config, tmp_path / "run")
+    rows = _rows(tmp_path / "run")
+    lags = [int(r["policy_lag_max"]) for r in rows]
+    assert max(lags) <= max_lag
+    assert max(lags) >= 1, "collection never overlapped training: the test does not exercise pipelining"
+    assert summary["policy_lag_max"] <= max_lag
+    assert summary["first_reached"]["195"] is not None, summary
+
+
+@pytest.mark.parametrize("strategy", sorted(REFERENCE))
+def test_reference_strategy_runs_a_short_real_training_and_reports_its_counters(tmp_path, strategy):
+    config = _config(tmp_path, strategy, **{
+        "env.actors": 3, "env.envs_per_actor": 2, "ppo.steps_per_env": 16, "ppo.total_steps": 3 * 2 * 16 * 4,
+        "sync.inference_threads": 2, "run.time_limit_s": 30,
+    })
+    summary = train(config, tmp_path / "run")
+    assert summary["error"] is None
+    assert summary["iterations"] >= 1
+    for key in ("wasted_forward_passes", "rejected_rpcs", "torn_reads", "off_policy_samples", "stalls"):
+        assert isinstance(summary[key], int) and summary[key] >= 0
+    rows = _rows(tmp_path / "run")
+    assert all(0 <= int(r["policy_lag_max"]) for r in rows)

@@ -46,23 +46,6 @@ from lockstep.sync import Admission, AdmissionGate, ClosedPhase, GateError, Requ
 WAIT_S = 10.0  # a held request that is not released within this is a failure, not a hang
 JOIN_S = 60.0  # overall limit for a simulation's threads
 
-# The gate decides "the newest phase" (where a joiner goes) and "somebody waits beyond
-# the oldest open phase" (whether an emptied phase closes) from the *current* members
-# only. In pipelined mode a member can complete an unroll of a phase beyond the oldest
-# open one and then leave; that complete unroll is then ignored: a joiner is put into
-# that phase although it is under way (even the member that completed it, which then
-# collects the same phase twice), and if the gate empties the unroll is stranded in a
-# phase that cannot close. See the three xfail tests at the end of the scripted
-# pipelined scenarios. The reference model follows the gate's current behaviour while
-# this is True; set it to False once the gate is fixed (the model then follows the
-# module docstring, and also checks that no member completes a phase twice).
-KNOWN_BUG_UNROLLS_BEYOND_IGNORED = True
-
-_BUG_REASON = (
-    "gate bug: AdmissionGate._joining_phase/_close_ready ignore complete unrolls in phases beyond "
-    "the current members' phases (left by a member that has since left); see KNOWN_BUG_UNROLLS_BEYOND_IGNORED"
-)
-
 
 # ---------------------------------------------------------------------------------
 # Threaded simulation
@@ -1135,7 +1118,6 @@ def test_max_lag_and_steps_per_phase_are_validated():
 # member's phase (pipelined only: in strict mode nobody completes phase u+1 while u is open).
 
 
-@pytest.mark.xfail(strict=True, reason=_BUG_REASON)
 def test_joiner_is_not_put_into_a_phase_that_already_holds_a_complete_unroll():
     r = Releases()
     gate = AdmissionGate(steps_per_phase=2, min_members=1, max_lag=1)
@@ -1152,7 +1134,6 @@ def test_joiner_is_not_put_into_a_phase_that_already_holds_a_complete_unroll():
     assert gate.request("C", r.for_("C")) == RequestResult(None)
 
 
-@pytest.mark.xfail(strict=True, reason=_BUG_REASON)
 def test_member_that_rejoins_does_not_collect_a_phase_it_already_completed():
     r = Releases()
     gate = AdmissionGate(steps_per_phase=1, min_members=1, max_lag=1)
@@ -1168,7 +1149,6 @@ def test_member_that_rejoins_does_not_collect_a_phase_it_already_completed():
     assert gate.request("B", r.for_("B")) == RequestResult(None)
 
 
-@pytest.mark.xfail(strict=True, reason=_BUG_REASON)
 def test_complete_unroll_of_a_member_that_left_is_not_stranded_when_the_phase_before_empties():
     r = Releases()
     gate = AdmissionGate(steps_per_phase=1, min_members=1, max_lag=1)
@@ -1346,9 +1326,7 @@ class GateAgainstReferenceModel(RuleBasedStateMachine):
         return sorted(m for m, s in self.members.items() if s.first <= u and s.phase <= u)
 
     def _joining_phase(self) -> int:
-        phases = [s.phase for s in self.members.values()] + [self.next_close]
-        if not KNOWN_BUG_UNROLLS_BEYOND_IGNORED:
-            phases += list(self.complete)
+        phases = [s.phase for s in self.members.values()] + [self.next_close] + list(self.complete)
         newest = max(phases)
         under_way = newest in self.complete or any(s.phase == newest and s.steps for s in self.members.values())
         return newest + 1 if under_way else newest
@@ -1357,9 +1335,7 @@ class GateAgainstReferenceModel(RuleBasedStateMachine):
         closed = []
         while not self._collecting(self.next_close):
             u = self.next_close
-            beyond = any(s.first > u for s in self.members.values())
-            if not KNOWN_BUG_UNROLLS_BEYOND_IGNORED:
-                beyond = beyond or any(p > u for p in self.complete)
+            beyond = any(s.first > u for s in self.members.values()) or any(p > u for p in self.complete)
             if u not in self.complete and not beyond:
                 break  # empty, nobody waits beyond it: open for joiners
             closed.append(ClosedPhase(u, tuple(sorted(self.complete.pop(u, ())))))
@@ -1399,8 +1375,7 @@ class GateAgainstReferenceModel(RuleBasedStateMachine):
             for m in c.members:
                 counts = [self.admitted[(m, j, c.phase)] for j in range(1, self.joins[m] + 1)]
                 assert self.T in counts, (m, c, counts)
-                if not KNOWN_BUG_UNROLLS_BEYOND_IGNORED:
-                    assert self.completions[(m, c.phase)] == 1, (m, c)
+                assert self.completions[(m, c.phase)] == 1, (m, c)
 
     # -- rules ---------------------------------------------------------------------
 
@@ -1513,8 +1488,7 @@ class GateAgainstReferenceModel(RuleBasedStateMachine):
     def admissions_are_within_the_lag_bound_and_at_most_T_per_phase(self):
         assert self.problems == []
         assert all(n <= self.T for n in self.admitted.values()), self.admitted
-        if not KNOWN_BUG_UNROLLS_BEYOND_IGNORED:
-            assert all(n <= 1 for n in self.completions.values()), self.completions
+        assert all(n <= 1 for n in self.completions.values()), self.completions
 
     @invariant()
     def gate_agrees_with_model(self):

@@ -270,7 +270,8 @@ class AdmissionGate:
 
     def _joining_phase(self) -> int:
         """The newest phase, unless a step has been admitted in it: then the one after."""
-        newest = max([s.phase for s in self._members.values()] + [self._next_close])
+        # Phases with complete unrolls count too: a member that completed them may have left.
+        newest = max([s.phase for s in self._members.values()] + [self._next_close, *self._phases])
         under_way = newest in self._phases or any(s.phase == newest and s.steps for s in self._members.values())
         return newest + 1 if under_way else newest
 
@@ -281,8 +282,9 @@ class AdmissionGate:
             if any(s.first_phase <= u and s.phase <= u for s in self._members.values()):
                 break  # someone still collects in it
             phase = self._phases.pop(u, None)
-            if phase is None and not any(s.first_phase > u for s in self._members.values()):
-                break  # empty, and nobody waits beyond it: it stays open for joiners
+            if phase is None and not any(s.first_phase > u for s in self._members.values()) \
+                    and not any(p > u for p in self._phases):
+                break  # empty, and nothing waits beyond it (no member, no complete unroll): open for joiners
             # An empty phase that members wait beyond closes with no unrolls: the trainer
             # publishes the next version unchanged, so nothing waits for it forever.
             closed.append(ClosedPhase(u, tuple(sorted(phase.complete)) if phase else ()))

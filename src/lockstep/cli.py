@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from lockstep import config as config_lib
+from lockstep.bench.throughput import CONFIGS as THROUGHPUT_CONFIGS
 from lockstep.sync import NAMES
 from lockstep.transport import security
 
@@ -168,6 +169,16 @@ def cmd_bench_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_throughput(args: argparse.Namespace) -> int:
+    from lockstep.bench import throughput
+
+    out = Path(args.out)
+    rows = throughput.run(out, quick=args.quick, device=args.device, configs=args.configs)
+    print((out / "throughput.md").read_text())
+    print(f"wrote {out / 'throughput.md'} and {out / 'throughput.json'}")
+    return 0 if all(row["error"] is None for row in rows) else 1
+
+
 def cmd_bench_soak(args: argparse.Namespace) -> int:
     from lockstep.bench import soak
 
@@ -233,6 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--time-limit-s", type=float, help="per strategy")
     p.set_defaults(func=cmd_bench_sync)
+
+    p = bench_sub.add_parser("throughput", help="env steps/s of the distributed modes against an in-process baseline")
+    p.add_argument("--out", default="bench-results/throughput",
+                   help="folder for throughput.md, throughput.json, configs/ and runs/")
+    p.add_argument("--quick", action="store_true", help="small step budgets, under three minutes on 2 cores")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="learner and baseline device")
+    p.add_argument("--configs", nargs="+", choices=list(THROUGHPUT_CONFIGS), help="subset to run (default: all)")
+    p.set_defaults(func=cmd_bench_throughput)
 
     p = bench_sub.add_parser("soak", help="train while killing actors and once the learner; check the books")
     p.add_argument("--minutes", type=float, default=3.0, help="training time, across the learner restart")

@@ -94,6 +94,7 @@ class RunConfig:
     progress: bool = True  # live progress display
     stop_at_return: float | None = None  # stop early once the running mean reaches it
     time_limit_s: float | None = None  # stop after this many seconds of training, whatever the step count
+    collect_only: bool = False  # benchmarks: collect and check batches, never update the policy
     audit: bool = False  # write every training batch and policy version to audit/ (see `lockstep audit`)
 
 

@@ -20,6 +20,7 @@ import logging
 import math
 import queue
 import random
+import resource
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -179,6 +180,10 @@ class Learner:
         self._last_checkpoint = time.monotonic()
         self._last_passes = self._last_rows = 0
         self._last_counters: dict[str, int] = {}
+        self._training_s = 0.0
+        self._inference_s = 0.0
+        self._final_wall_s: float | None = None
+        self._server: LearnerServer | None = None
         self._cpu0 = time.process_time()
 
     # -- running --------------------------------------------------------------------
@@ -229,7 +234,7 @@ class Learner:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         cfg = self.config.learner
-        server = LearnerServer(self, cfg.listen, token=self.token,
+        server = self._server = LearnerServer(self, cfg.listen, token=self.token,
                                tls=(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert else None,
                                max_message_bytes=cfg.max_message_mb * 1024 * 1024, sanitize=cfg.sanitize)
         try:
@@ -351,6 +356,7 @@ class Learner:
         trainer = self.trainer
 
         def forward() -> InferenceResult:
+            start = time.perf_counter()
             version, before = trainer.version, self.stamps.sequence
             with torch.no_grad():
                 x = trainer.normalizer()(torch.as_tensor(np.array(obs), device=self.device))
@@ -361,6 +367,7 @@ class Learner:
             result.torn = self.stamps.torn(before, self.stamps.sequence)
             self._forward_passes += 1
             self._rows_inferred += len(obs)
+            self._inference_s += time.perf_counter() - start
             return result
 
         result = self.reference.infer(member, forward)
@@ -408,6 +415,7 @@ class Learner:
                 if stats is not None:
                     self._log_iteration(stats, collect_s)
                 if done:
+                    self._final_wall_s = self.wall_s  # training time, without shutdown and the final checkpoint
                     self._loop.call_soon_threadsafe(self._stop.set)
                     return
         except BaseException as err:  # noqa: BLE001 - any trainer failure must stop the learner, not hang it
@@ -421,11 +429,14 @@ class Learner:
                      self.trainer.version + 1)
             self.trainer.skip()
             return None
-        if self.reference is None:
+        if self.config.run.collect_only:
+            stats = self.trainer.count_only(batch)
+        elif self.reference is None:
             stats = self.trainer.train(batch)
         else:
             stats = self.reference.train(lambda: self.trainer.train(batch))
         self.counters.off_policy_samples += stats.off_policy_samples
+        self._training_s += stats.train_s
         return stats
 
     def _done(self) -> bool:
@@ -541,12 +552,28 @@ class Learner:
             actors=len(self._sessions), started=True, finished=self.status.finished,
         )
 
+    def _time_split(self) -> dict[str, float]:
+        """Where the learner's wall time went: a cheap in-process account, not a profile.
+
+        inference: forward passes (batcher or in-place); serialization: decoding steps and
+        encoding actions; training: PPO updates; other: the rest of the wall time (gRPC, the
+        gate, bookkeeping, waiting for actors). In pipelined mode training overlaps the others
+        on its own thread, so the parts can add up to more than the wall time (other is then 0).
+        """
+        inference = self.batcher.busy_s if self.batcher is not None else self._inference_s
+        codec = self._server.codec_s if self._server is not None else 0.0
+        wall = (self._final_wall_s if self._final_wall_s is not None else self.wall_s) - self._wall_offset
+        split = {"inference": inference, "serialization": codec, "training": self._training_s}
+        split["other"] = max(0.0, wall - sum(split.values()))
+        return {k: round(v, 3) for k, v in split.items()}
+
     def _write_final(self) -> dict[str, Any]:
         self._discard_untrained()
         final = self.run_dir / "checkpoints" / "final.pt"
         checkpoint.save(self._checkpoint_state(), final)
         ep = self.episodes.stats()
         passes, rows = self._inference_totals()
+        wall = self._final_wall_s if self._final_wall_s is not None else self.wall_s
         summary = {
             "env": self.config.env.id,
             "seed": self.config.run.seed,
@@ -554,9 +581,9 @@ class Learner:
             "iterations": self.trainer.iteration,
             "policy_version": self.trainer.version,
             "env_steps": self.trainer.env_steps,
-            "wall_s": round(self.wall_s, 3),
+            "wall_s": round(wall, 3),
             "time_limited": self.trainer.env_steps < self.config.ppo.total_steps and self.error is None,
-            "sps": round(self.trainer.env_steps / self.wall_s, 1) if self.wall_s > 0 else 0.0,
+            "sps": round(self.trainer.env_steps / wall, 1) if wall > 0 else 0.0,
             "learner_cpu_s": round(time.process_time() - self._cpu0, 3),
             "episodes": ep["episodes"],
             "episode_return_mean": None if math.isnan(ep["episode_return_mean"]) else ep["episode_return_mean"],
@@ -567,6 +594,8 @@ class Learner:
             "policy_lag_max": self.trainer.lag_max,
             "forward_passes": passes,
             "inference_batch_mean": rows / passes if passes else None,
+            "learner_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "time_split_s": self._time_split(),
             "checkpoint": str(final.relative_to(self.run_dir)),
             "resumed_from": None if self.resumed_from is None else str(self.resumed_from.relative_to(self.run_dir)),
             "device": str(self.device),

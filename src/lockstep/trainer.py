@@ -164,6 +164,21 @@ class Trainer:
             train_s=time.perf_counter() - start, lr=lr, update=stats,
         )
 
+    def count_only(self, batch: Batch) -> TrainStats:
+        """Check and count ``batch`` like ``train``, without updating the policy (collection benchmarks)."""
+        start = time.perf_counter()
+        lag = self.version - batch.versions[batch.valid]
+        if self.max_lag is not None and ((lag < 0) | (lag > self.max_lag)).any():
+            raise OffPolicyError(f"samples lag version {self.version} by {sorted(set(lag.tolist()))}")
+        trained_version = self.version
+        self.version += 1
+        self.iteration += 1
+        self.env_steps += batch.size
+        self.lag_sum += int(lag.sum())
+        self.lag_max = max(self.lag_max, int(lag.max()))
+        return TrainStats(trained_version, batch.size, int(np.count_nonzero(lag)), float(lag.mean()), int(lag.max()),
+                          time.perf_counter() - start, 0.0, ppo.UpdateStats(0.0, 0.0, 0.0, 0.0, 0.0, 0))
+
     def skip(self) -> None:
         """A phase closed with no data: the next version is this one, unchanged."""
         self.version += 1

@@ -8,6 +8,7 @@ what to do with a step is the ``ActorHandler``'s business.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -108,6 +109,7 @@ class LearnerServer:
         self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {"Connect": rpc})])
         self._logged: set[tuple[str, str]] = set()
         self.port: int | None = None
+        self.codec_s = 0.0  # decoding steps and encoding actions, for the learner's time split
 
     async def start(self) -> int:
         if self._credentials is not None:
@@ -166,17 +168,22 @@ class LearnerServer:
                 if msg.WhichOneof("kind") != "step":
                     await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
                                        f"{who}: expected a step, got {msg.WhichOneof('kind') or 'an empty message'}", who)
+                start = time.perf_counter()
                 try:
                     data = step_from_proto(msg.step, hello.num_envs, hello.observation, self._sanitize)
                 except CodecError as err:
                     await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"{who}: {err}", who)
+                self.codec_s += time.perf_counter() - start
                 reply = await session.step(data)
                 if reply is None:
                     return
+                start = time.perf_counter()
                 if reply.actions is None:
                     action = pb.Action(policy_version=reply.version, retry=True)
                 else:
                     action = pb.Action(action=encode(reply.actions), policy_version=reply.version)
-                yield pb.LearnerMessage(action=action)
+                message = pb.LearnerMessage(action=action)
+                self.codec_s += time.perf_counter() - start
+                yield message
         finally:
             session.close()

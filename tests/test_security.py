@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import grpc
 import numpy as np
@@ -32,8 +33,8 @@ from lockstep.transport.security import SecurityError, check_listen
 CARTPOLE = env_spec("CartPole-v1")
 
 
-def _hello(actor_id: int = 0, num_envs: int = 2, action: SpaceSpec | None = None) -> pb.Hello:
-    return pb.Hello(protocol=PROTOCOL, actor_id=actor_id, run_id=f"rogue-{actor_id}", num_envs=num_envs,
+def _hello(actor_id: int = 0, num_envs: int = 2, action: SpaceSpec | None = None, run_id: str = "") -> pb.Hello:
+    return pb.Hello(protocol=PROTOCOL, actor_id=actor_id, run_id=run_id or uuid.uuid4().hex, num_envs=num_envs,
                     env_id="CartPole-v1", observation_space=space_to_proto(CARTPOLE.observation),
                     action_space=space_to_proto(action or CARTPOLE.action))
 
@@ -143,6 +144,20 @@ def test_wrong_dtype_and_wrong_number_of_envs_are_named(learner):
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "dtype float64" in err.details()
     err = _rogue(learner.address, _step(np.zeros((3, 4), np.float32)), hello=_hello(actor_id=97, num_envs=2))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "(3, 4)" in err.details()
+
+
+def test_a_retired_run_id_cannot_rejoin(learner):
+    first = Connection(learner.address, _hello(actor_id=94, run_id="rogue-94"), connect_timeout=10)
+    first.step(_step(np.zeros((2, 4), np.float32)), np.int64, ())
+    first.close()
+    deadline = time.monotonic() + 10
+    while 94 in learner.learner._sessions and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(grpc.RpcError) as err:
+        Connection(learner.address, _hello(actor_id=94, run_id="rogue-94"), connect_timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "rogue-94" in err.value.details() and "new run id" in err.value.details()
+    Connection(learner.address, _hello(actor_id=94, run_id="rogue-94-restarted"), connect_timeout=10).close()
 
 
 def test_action_space_mismatch_at_hello_is_refused(learner):

@@ -167,6 +167,7 @@ class Learner:
         self.error: BaseException | None = None
         self.finished = False
         self._sessions: dict[int, _Session] = {}
+        self._retired_runs: set[str] = set()  # run ids of streams that ended: a replayed hello is refused
         self._completed: dict[int, dict[int, Unroll]] = {}  # phase -> member -> complete unroll
         self._waiters: set[asyncio.Future] = set()
         # Closed phases, oldest first. Bounded by construction: the gate lets at most
@@ -293,6 +294,10 @@ class Learner:
                                  f"actor {hello.actor_id} ({hello.env_id}): " + "; ".join(problems))
         if hello.num_envs < 1:
             raise HandshakeError(grpc.StatusCode.INVALID_ARGUMENT, f"actor {hello.actor_id}: num_envs must be >= 1")
+        if hello.run_id in self._retired_runs:
+            raise HandshakeError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"actor {hello.actor_id}: run id {hello.run_id} has ended and cannot rejoin; "
+                                 "a restarted actor says hello with a new run id")
         if hello.actor_id in self._sessions:
             raise HandshakeError(grpc.StatusCode.ALREADY_EXISTS,
                                  f"actor id {hello.actor_id} is already connected; give each actor a distinct --actor-id")
@@ -312,6 +317,7 @@ class Learner:
         if self._sessions.get(session.member) is not session:
             return
         del self._sessions[session.member]
+        self._retired_runs.add(session.run_id)
         self.status.actors = len(self._sessions)
         _, closed = self.gate.leave(session.member)
         dropped = session.drop_unfinished()
@@ -611,6 +617,7 @@ class _Session:
     def __init__(self, learner: Learner, hello: HelloInfo) -> None:
         self.learner = learner
         self.member = hello.actor_id
+        self.run_id = hello.run_id
         self.num_envs = hello.num_envs
         self.keys = noise.slot_keys(learner.config.run.seed, hello.actor_id, hello.num_envs)
         self.counter = learner._slot_counters.get(hello.actor_id, 0)  # continues across reconnects and resumes

@@ -79,7 +79,8 @@ class Counters:
 
     wasted_forward_passes: int = 0
     rejected_rpcs: int = 0
-    torn_reads: int = 0
+    torn_reads: int = 0  # forward passes that read parameters mid-update, used or thrown away
+    torn_reads_used: int = 0  # ... of which the result was sent to an actor
     stalls: int = 0
     dropped_transitions: int = 0  # collected, then discarded: unfinished unrolls of actors that left
     off_policy_samples: int = 0
@@ -272,7 +273,7 @@ class Learner:
             await asyncio.sleep(min(1.0, stall_s / 2))
             if self._t0 is None:
                 continue
-            phase = self.trainer.version + self._phases.qsize()
+            phase = self.gate.oldest_open
             if time.perf_counter() - self._last_close > stall_s and warned_phase != phase:
                 warned_phase = phase
                 waiting = ", ".join(f"actor {m} ({self._sessions[m].num_envs} slots)"
@@ -371,6 +372,8 @@ class Learner:
                 action, logprob, value = trainer.model.sample(x, u.clamp_(1e-12, 1 - 1e-7), between=self.jitter)
             result = InferenceResult(action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy(), version)
             result.torn = self.stamps.torn(before, self.stamps.sequence)
+            if result.torn:
+                self.counters.torn_reads += 1
             self._forward_passes += 1
             self._rows_inferred += len(obs)
             self._inference_s += time.perf_counter() - start
@@ -378,7 +381,7 @@ class Learner:
 
         result = self.reference.infer(member, forward)
         if result is not None and result.torn:
-            self.counters.torn_reads += 1
+            self.counters.torn_reads_used += 1
         return result
 
     # -- phases ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from lockstep.sync import NAMES
 log = logging.getLogger("lockstep.bench")
 
 KEYS = ["strategy", "env_steps_per_s", "learner_cpu_s_per_1k_steps", "wasted_forward_passes", "rejected_rpcs",
-        "off_policy_samples", "torn_reads", "lag_mean", "lag_max", "stalls", "final_return",
+        "off_policy_samples", "torn_reads", "torn_reads_used", "lag_mean", "lag_max", "stalls", "final_return",
         "env_steps", "wall_s", "time_limited"]
 
 
@@ -73,6 +73,7 @@ def row_from_summary(strategy: str, summary: dict[str, Any]) -> dict[str, Any]:
         "rejected_rpcs": summary["rejected_rpcs"],
         "off_policy_samples": summary["off_policy_samples"],
         "torn_reads": summary["torn_reads"],
+        "torn_reads_used": summary["torn_reads_used"],
         "lag_mean": round(summary["policy_lag_mean"], 4),
         "lag_max": summary["policy_lag_max"],
         "stalls": summary["stalls"],
@@ -100,8 +101,8 @@ def run(workload: Workload, out: Path, strategies: list[str] | None = None) -> l
 
 def markdown(rows: list[dict[str, Any]], workload: Workload) -> str:
     head = ["strategy", "env steps/s", "learner CPU s / 1k steps", "wasted passes", "rejected RPCs",
-            "off-policy samples", "torn reads", "lag mean", "lag max", "stalls", "final return"]
-    keys = KEYS[:11]
+            "off-policy samples", "torn reads", "torn reads used", "lag mean", "lag max", "stalls", "final return"]
+    keys = KEYS[:12]
     lines = [
         f"# lockstep bench sync\n",
         f"{workload.env}, {workload.actors} actors x {workload.envs_per_actor} envs, T = {workload.steps_per_env}, "
@@ -118,7 +119,8 @@ def markdown(rows: list[dict[str, Any]], workload: Workload) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("A strategy marked *(time limit)* did not finish its iterations within the limit; its "
-                 "figures cover the steps it did train (`env_steps` in sync.json).")
+                 "figures cover the steps it did train (`env_steps` in sync.json). Torn reads: forward passes "
+                 "during which the optimizer wrote parameters; *used*: those whose actions went to an actor.")
     return "\n".join(lines) + "\n"
 
 

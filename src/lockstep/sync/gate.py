@@ -221,6 +221,12 @@ class AdmissionGate:
         with self._lock:
             return self._started
 
+    @property
+    def oldest_open(self) -> int:
+        """The oldest phase that has not closed: the one being collected, or waiting for its stragglers."""
+        with self._lock:
+            return self._next_close
+
     def waiting_for(self) -> list[Member]:
         """Members still collecting in the oldest open phase."""
         with self._lock:

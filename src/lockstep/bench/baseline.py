@@ -11,7 +11,7 @@ learner uses, in the same order:
                                     ``finish`` with the observation after T steps)
     the SAME PPO update            (``Trainer.train``), then a new snapshot per iteration.
 
-The env loop copies the actor's (``actor.EnvLoop``): same-step autoreset, Box actions
+The env loop is the actor's own (``actor.EnvLoop``): same-step autoreset, Box actions
 clipped before stepping (the unclipped action is what is trained on), and the last
 observation of each episode that ended by truncation only.
 
@@ -41,66 +41,11 @@ import torch
 from lockstep import config as config_lib
 from lockstep import envs as envs_lib
 from lockstep import noise
+from lockstep.actor import EnvLoop, action_dtype
+from lockstep.learner import resolve_device
 from lockstep.metrics import EpisodeTracker
 from lockstep.rollout import Unroll, assemble
 from lockstep.trainer import Trainer
-
-
-def _device(name: str) -> torch.device:
-    """As the learner resolves ``learner.device``."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name} was asked for, but torch sees no CUDA device; use auto or cpu")
-    return torch.device(name)
-
-
-def _action_dtype(spec: envs_lib.SpaceSpec) -> np.dtype:
-    """The dtype actions travel in between learner and actor: int64 for Discrete, float32 for Box."""
-    return np.dtype(np.int64) if spec.kind == "discrete" else np.dtype(np.float32)
-
-
-class _Envs:
-    """The actor's env loop (``actor.EnvLoop``), without the message it would send."""
-
-    def __init__(self, vec, act_spec: envs_lib.SpaceSpec) -> None:
-        self.vec = vec
-        k = vec.num_envs
-        self.dtype = _action_dtype(act_spec)
-        self.low = self.high = None
-        if act_spec.kind == "box":
-            self.low, self.high = act_spec.low.astype(np.float32), act_spec.high.astype(np.float32)
-        self.obs: np.ndarray | None = None
-        self.reward = np.zeros(k, np.float32)
-        self.terminated = np.zeros(k, bool)
-        self.truncated = np.zeros(k, bool)
-        self.final_index, self.final_obs = np.zeros(0, np.int64), None
-        self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
-
-    def reset(self, seeds: list[int]) -> None:
-        self.obs, _ = self.vec.reset(seed=seeds)
-        self.final_obs = np.zeros((0, *self.obs.shape[1:]), self.obs.dtype)
-
-    def step(self, actions: np.ndarray) -> None:
-        actions = actions.astype(self.dtype, copy=False)  # as the actor decodes them
-        if self.low is not None:
-            actions = np.clip(actions, self.low, self.high)  # the rollout keeps the unclipped action
-        obs, reward, self.terminated, self.truncated, info = self.vec.step(actions)
-        self.obs = obs
-        self.reward = reward.astype(np.float32, copy=False)
-        # same-step autoreset: `obs` already holds reset observations where an episode ended
-        ended_by_time = self.truncated & ~self.terminated
-        if ended_by_time.any():
-            self.final_index = np.flatnonzero(ended_by_time).astype(np.int64)
-            self.final_obs = np.stack([info["final_obs"][i] for i in self.final_index]).astype(obs.dtype, copy=False)
-        else:
-            self.final_index, self.final_obs = np.zeros(0, np.int64), self.final_obs[:0]
-        if "episode" in info:
-            done = info["_episode"]
-            self.ep_return = np.asarray(info["episode"]["r"][done], np.float64)
-            self.ep_length = np.asarray(info["episode"]["l"][done], np.int64)
-        else:
-            self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
 
 
 def run(config: config_lib.Config) -> dict[str, Any]:
@@ -108,7 +53,7 @@ def run(config: config_lib.Config) -> dict[str, Any]:
     ``run.stop_at_return``, whichever comes first, as the learner does."""
     config.validate()
     torch.set_num_threads(config.learner.torch_threads)
-    device = _device(config.learner.device)
+    device = resolve_device(config.learner.device)
     n = config.env.actors * config.env.envs_per_actor
     T = config.ppo.steps_per_env
     seed = config.run.seed
@@ -117,10 +62,10 @@ def run(config: config_lib.Config) -> dict[str, Any]:
         obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space)
         act_spec = envs_lib.SpaceSpec.from_space(vec.single_action_space)
         spec = envs_lib.EnvSpec(config.env.id, obs_spec, act_spec)
-        shapes = (obs_spec.shape, np.dtype(obs_spec.dtype), act_spec.shape, _action_dtype(act_spec))
+        shapes = (obs_spec.shape, np.dtype(obs_spec.dtype), act_spec.shape, action_dtype(act_spec))
         trainer = Trainer(config, spec, device, max_lag=0)
         episodes = EpisodeTracker(config.run.thresholds)
-        loop = _Envs(vec, act_spec)
+        loop = EnvLoop(vec, act_spec)  # the actor's own env loop
         loop.reset(envs_lib.env_seeds(seed, 0, n))
         keys = noise.slot_keys(seed, 0, n)
         snapshot = trainer.snapshot()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lockstep import config as config_lib
+from lockstep.bench import cell
 from lockstep.sync import NAMES
 
 log = logging.getLogger("lockstep.bench")
@@ -113,7 +114,7 @@ def markdown(rows: list[dict[str, Any]], workload: Workload) -> str:
         "|" + "---|" * len(head),
     ]
     for row in rows:
-        cells = [_cell(row[k]) for k in keys]
+        cells = [cell(row[k]) for k in keys]
         if row["time_limited"]:
             cells[0] += " (time limit)"
         lines.append("| " + " | ".join(cells) + " |")
@@ -122,13 +123,3 @@ def markdown(rows: list[dict[str, Any]], workload: Workload) -> str:
                  "figures cover the steps it did train (`env_steps` in sync.json). Torn reads: forward passes "
                  "during which the optimizer wrote parameters; *used*: those whose actions went to an actor.")
     return "\n".join(lines) + "\n"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    return str(value)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lockstep import config as config_lib
+from lockstep.bench import cell
 
 MODES = ("baseline", "collect", "strict", "pipelined")
 KEYS = ["config", "mode", "env_steps_per_s", "ratio_to_baseline", "inference_batch_mean", "learner_peak_rss_mb",
@@ -305,10 +306,10 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], names: list[str])
             mode += " (FAILED)"
         elif row["time_limited"]:
             mode += " (time limit)"
-        cells = [row["config"], mode, _cell(row["env_steps_per_s"]), _cell(row["ratio_to_baseline"]),
-                 _cell(row["inference_batch_mean"]), _cell(row["learner_peak_rss_mb"]), _split(row["time_split_s"]),
-                 _cell(row["env_steps"]), _cell(row["wall_s"]), _cell(row["episode_return_mean"]),
-                 _cell(row["loadavg_1m"])]
+        cells = [row["config"], mode, cell(row["env_steps_per_s"]), cell(row["ratio_to_baseline"]),
+                 cell(row["inference_batch_mean"]), cell(row["learner_peak_rss_mb"]), _split(row["time_split_s"]),
+                 cell(row["env_steps"]), cell(row["wall_s"]), cell(row["episode_return_mean"]),
+                 cell(row["loadavg_1m"])]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -335,13 +336,3 @@ def _split(split: dict[str, float] | None) -> str:
     if not split:
         return "n/a"
     return " / ".join(f"{_SHORT.get(k, k)} {v:.2f}" for k, v in split.items())
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    return str(value)

@@ -105,16 +105,7 @@ class Trainer:
         start = time.perf_counter()
         cfg = self.config.ppo
         valid = batch.valid  # [T, N]; False only past the end of unrolls cut short
-        lag = self.version - batch.versions[valid]  # [B]
-        off_policy = int(np.count_nonzero(lag != 0))
-        if self.max_lag is not None:
-            bad = (lag < 0) | (lag > self.max_lag)
-            if bad.any():
-                raise OffPolicyError(
-                    f"{int(bad.sum())} of {batch.size} samples were produced by versions "
-                    f"{sorted(set(batch.versions[valid][bad].tolist()))}; version {self.version} trains on them "
-                    f"and allows a lag of at most {self.max_lag}"
-                )
+        lag = self._lag(batch)
         dev = self.device
         as_t = lambda a, dtype=torch.float32: torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=dev)  # noqa: E731
         normalize = self.normalizer()
@@ -152,6 +143,29 @@ class Trainer:
         )
         if self.obs_rms is not None:
             self.obs_rms.update(batch.obs[valid])
+        return self._advance(batch, lag, start, lr, stats)
+
+    def count_only(self, batch: Batch) -> TrainStats:
+        """Check and count ``batch`` like ``train``, without updating the policy (collection benchmarks)."""
+        start = time.perf_counter()
+        return self._advance(batch, self._lag(batch), start, 0.0, ppo.UpdateStats(0.0, 0.0, 0.0, 0.0, 0.0, 0))
+
+    def _lag(self, batch: Batch) -> np.ndarray:
+        """[B] (this version) - (version that produced the sample); an error beyond what is allowed."""
+        lag = self.version - batch.versions[batch.valid]
+        if self.max_lag is not None:
+            bad = (lag < 0) | (lag > self.max_lag)
+            if bad.any():
+                raise OffPolicyError(
+                    f"{int(bad.sum())} of {batch.size} samples were produced by versions "
+                    f"{sorted(set((self.version - lag[bad]).tolist()))}; version {self.version} trains on them "
+                    f"and allows a lag of at most {self.max_lag}"
+                )
+        return lag
+
+    def _advance(self, batch: Batch, lag: np.ndarray, start: float, lr: float,
+                 update: ppo.UpdateStats) -> TrainStats:
+        """Count the batch and move to the next version."""
         trained_version = self.version
         self.version += 1
         self.iteration += 1
@@ -159,25 +173,10 @@ class Trainer:
         self.lag_sum += int(lag.sum())
         self.lag_max = max(self.lag_max, int(lag.max()))
         return TrainStats(
-            version=trained_version, samples=batch.size, off_policy_samples=off_policy,
+            version=trained_version, samples=batch.size, off_policy_samples=int(np.count_nonzero(lag)),
             policy_lag_mean=float(lag.mean()), policy_lag_max=int(lag.max()),
-            train_s=time.perf_counter() - start, lr=lr, update=stats,
+            train_s=time.perf_counter() - start, lr=lr, update=update,
         )
-
-    def count_only(self, batch: Batch) -> TrainStats:
-        """Check and count ``batch`` like ``train``, without updating the policy (collection benchmarks)."""
-        start = time.perf_counter()
-        lag = self.version - batch.versions[batch.valid]
-        if self.max_lag is not None and ((lag < 0) | (lag > self.max_lag)).any():
-            raise OffPolicyError(f"samples lag version {self.version} by {sorted(set(lag.tolist()))}")
-        trained_version = self.version
-        self.version += 1
-        self.iteration += 1
-        self.env_steps += batch.size
-        self.lag_sum += int(lag.sum())
-        self.lag_max = max(self.lag_max, int(lag.max()))
-        return TrainStats(trained_version, batch.size, int(np.count_nonzero(lag)), float(lag.mean()), int(lag.max()),
-                          time.perf_counter() - start, 0.0, ppo.UpdateStats(0.0, 0.0, 0.0, 0.0, 0.0, 0))
 
     def skip(self) -> None:
         """A phase closed with no data: the next version is this one, unchanged."""

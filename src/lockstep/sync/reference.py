@@ -87,14 +87,25 @@ class SpinFlags(ReferenceSync):
             self.training = False
 
 
-class SpinRedo(ReferenceSync):
-    """One ``training`` flag; inference spins while it is set and redoes a pass it saw set afterwards."""
-
-    name = "spin-redo"
+class _TrainingFlag(ReferenceSync):
+    """One ``training`` flag, set for the whole update; how inference reads it is the subclass's design."""
 
     def __init__(self, pause=None) -> None:
         super().__init__(pause)
         self.training = False
+
+    def train(self, update):
+        self.training = True
+        try:
+            return update()
+        finally:
+            self.training = False
+
+
+class SpinRedo(_TrainingFlag):
+    """One ``training`` flag; inference spins while it is set and redoes a pass it saw set afterwards."""
+
+    name = "spin-redo"
 
     def infer(self, actor, forward):
         while True:
@@ -106,22 +117,11 @@ class SpinRedo(ReferenceSync):
                 return result
             self._count("wasted_forward_passes")
 
-    def train(self, update):
-        self.training = True
-        try:
-            return update()
-        finally:
-            self.training = False
 
-
-class RejectRetry(ReferenceSync):
+class RejectRetry(_TrainingFlag):
     """One ``training`` flag, checked before and after the pass; if set, answer "no action" and the actor retries."""
 
     name = "reject-retry"
-
-    def __init__(self, pause=None) -> None:
-        super().__init__(pause)
-        self.training = False
 
     def infer(self, actor, forward):
         if self.training:
@@ -134,13 +134,6 @@ class RejectRetry(ReferenceSync):
             self._count("rejected_rpcs")
             return None
         return result
-
-    def train(self, update):
-        self.training = True
-        try:
-            return update()
-        finally:
-            self.training = False
 
 
 class SeqLock(ReferenceSync):

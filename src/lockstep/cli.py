@@ -114,31 +114,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_learner(args: argparse.Namespace) -> int:
     config = resolve_config(args)
-    from lockstep.learner import Learner
-    from lockstep.progress import Progress
+    from lockstep.launch import train
 
     run_dir = Path(config.run.run_dir)
-    learner = Learner(config, run_dir, token=security.token_from(args.token), resume=bool(args.resume))
-    import threading
-
-    outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(summary=learner.serve()), name="lockstep-learner")
-    thread.start()
-    try:
-        port = learner.wait_ready(timeout=60)
-        host = config.learner.listen.rsplit(":", 1)[0]
-        print(f"learner listening on {host}:{port}; start actors with: "
-              f"lockstep actor --learner {host}:{port} --env {config.env.id} --actor-id N", file=sys.stderr, flush=True)
-        with Progress(config, enabled=config.run.progress) as progress:
-            while thread.is_alive():
-                thread.join(timeout=0.25)
-                progress.update(learner.status)
-    finally:
-        learner.stop()
-        thread.join()
-    if "summary" not in outcome:
-        return 1
-    _print_summary(outcome["summary"], run_dir)
+    summary = train(config, run_dir, token=security.token_from(args.token), resume=bool(args.resume),
+                    local_actors=False)
+    _print_summary(summary, run_dir)
     return 0
 
 

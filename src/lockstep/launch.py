@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -110,8 +111,13 @@ class ActorSupervisor:
                 proc.join()
 
 
-def train(config: Config, run_dir: Path, token: str | None = None, resume: bool = False) -> dict[str, Any]:
-    """Train to the step budget; every process started here is gone when this returns."""
+def train(config: Config, run_dir: Path, token: str | None = None, resume: bool = False,
+          local_actors: bool = True) -> dict[str, Any]:
+    """Train to the step budget; every process started here is gone when this returns.
+
+    With ``local_actors=False`` (``lockstep learner``) no actor is started: actors connect from
+    elsewhere. SIGINT and SIGTERM stop the run in order either way.
+    """
     learner = Learner(config, run_dir, token=token, resume=resume)
     outcome: dict[str, Any] = {}
 
@@ -124,35 +130,57 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     thread = threading.Thread(target=serve, name="lockstep-learner")
     thread.start()
     supervisor: ActorSupervisor | None = None
+    interrupted = threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        # Stop in order from the main loop rather than raising wherever the signal lands
+        # (a KeyboardInterrupt inside a join or a waitpid can leave nothing to clean up with).
+        if interrupted.is_set():
+            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting
+        interrupted.set()
+        log.warning("%s: stopping the learner and the actors", signal.Signals(signum).name)
+        learner.stop()
+
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         port = learner.wait_ready(timeout=60)
-        tls = config.learner.tls_cert or None
-        supervisor = ActorSupervisor(
-            [ActorOptions(learner=f"127.0.0.1:{port}", env=config.env.id, num_envs=config.env.envs_per_actor,
-                          actor_id=i, token=token, tls_ca=tls, tls_server_name="localhost" if tls else None)
-             for i in range(config.env.actors)],
-            max_restarts=config.env.actor_restarts)
-        supervisor.start()
-        log.info("run directory %s; %d actor(s) x %d env(s) on port %d",
-                 run_dir, config.env.actors, config.env.envs_per_actor, port)
+        if local_actors:
+            tls = config.learner.tls_cert or None
+            supervisor = ActorSupervisor(
+                [ActorOptions(learner=f"127.0.0.1:{port}", env=config.env.id, num_envs=config.env.envs_per_actor,
+                              actor_id=i, token=token, tls_ca=tls, tls_server_name="localhost" if tls else None)
+                 for i in range(config.env.actors)],
+                max_restarts=config.env.actor_restarts)
+            supervisor.start()
+            log.info("run directory %s; %d actor(s) x %d env(s) on port %d",
+                     run_dir, config.env.actors, config.env.envs_per_actor, port)
+        else:
+            host = config.learner.listen.rsplit(":", 1)[0]
+            log.info("run directory %s; start actors with: lockstep actor --learner %s:%d --env %s --actor-id N",
+                     run_dir, host, port, config.env.id)
         with Progress(config, enabled=config.run.progress) as progress:
             while thread.is_alive():
                 thread.join(timeout=0.25)
                 progress.update(learner.status)
-                supervisor.check(training=not learner.finished)
-                if not learner.status.started and supervisor.all_exited():
-                    raise RuntimeError("every actor process exited before training started; see the log above")
-    except KeyboardInterrupt:
-        log.warning("interrupted: stopping the learner and the actors")
-        raise
+                if supervisor is not None:
+                    supervisor.check(training=not learner.finished)
+                    if not learner.status.started and supervisor.all_exited():
+                        raise RuntimeError("every actor process exited before training started; see the log above")
     finally:
         learner.stop()
         thread.join()
         if supervisor is not None:
             supervisor.stop()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if interrupted.is_set():
+        raise KeyboardInterrupt
     if "error" in outcome:
         raise outcome["error"]
     summary = outcome["summary"]
-    summary["actor_restarts"] = supervisor.restarts
-    write_summary(run_dir / "summary.json", summary)
+    if supervisor is not None:
+        summary["actor_restarts"] = supervisor.restarts
+        write_summary(run_dir / "summary.json", summary)
     return summary

@@ -1,6 +1,6 @@
 """Tests for the admission gate (lockstep.sync.AdmissionGate).
 
-Strict mode (``max_lag=0``, the former StrictGate) and pipelined mode
+Strict mode (``max_lag=0``) and pipelined mode
 (``max_lag=K >= 1``, collection of phase u overlaps training of phase u-1) are
 tested with the same machinery; ``max_lag=None`` (never holds) in the stateful
 test and a few scenarios.

@@ -176,3 +176,39 @@ def test_interrupted_train_leaves_no_actor_processes(tmp_path):
     time.sleep(0.5)
     assert not [pid for pid in actors if _alive(pid)], f"orphaned actors: {actors}"
     assert (tmp_path / "run" / "checkpoints" / "final.pt").exists()
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no thread count")
+
+
+@pytest.mark.slow
+def test_many_held_requests_cost_the_learner_no_threads(tmp_path, free_port):
+    """64 actors whose requests are all held at once: the learner's thread count does not grow with them."""
+    learner = subprocess.Popen(
+        [*lockstep_cmd(), "learner", "--listen", f"127.0.0.1:{free_port}", "--min-actors", "100",
+         "--run-dir", str(tmp_path / "run"), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    connections = []
+    try:
+        first = Connection(f"127.0.0.1:{free_port}", _hello(num_envs=1), connect_timeout=30)
+        connections.append(first)
+        baseline = _threads(learner.pid)
+        for i in range(1, 65):
+            hello = _hello(num_envs=1)
+            hello.actor_id = i
+            conn = Connection(f"127.0.0.1:{free_port}", hello, connect_timeout=30)
+            connections.append(conn)
+            # Below --min-actors no phase starts: every step is held on the learner.
+            conn._outbox.put(pb.ActorMessage(step=_step(np.zeros((1, 4), np.float32))))
+        time.sleep(1.0)
+        held = _threads(learner.pid)
+        assert held - baseline <= 4, (baseline, held)
+    finally:
+        for conn in connections:
+            conn.close()
+        learner.terminate()
+        learner.wait(timeout=30)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -16,21 +15,9 @@ import pytest
 
 from conftest import lockstep_cmd
 from lockstep import audit
+from lockstep.bench.soak import actor_pids, metrics_rows
 
 pytestmark = pytest.mark.slow
-
-
-def _actor_pids(parent: int) -> list[int]:
-    """Spawned actor processes of ``parent`` (not multiprocessing's resource tracker)."""
-    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(parent)], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    if not (run_dir / "metrics.csv").exists():
-        return []
-    with open(run_dir / "metrics.csv") as f:
-        return list(csv.DictReader(f))
 
 
 def test_actor_killed_mid_phase_is_dropped_restarted_and_training_continues(tmp_path):
@@ -42,25 +29,25 @@ def test_actor_killed_mid_phase_is_dropped_restarted_and_training_continues(tmp_
     killed = 0
     try:
         deadline = time.monotonic() + 120
-        while len(_rows(run_dir)) < 3 and time.monotonic() < deadline:
+        while len(metrics_rows(run_dir)) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
         # Kill until a kill lands mid-unroll (an actor that is held between phases has nothing to drop).
         while time.monotonic() < deadline and killed < 5:
-            pids = _actor_pids(proc.pid)
+            pids = actor_pids(proc.pid)
             if not pids:
                 time.sleep(0.2)
             else:
                 os.kill(pids[killed % len(pids)], signal.SIGKILL)
                 killed += 1
                 time.sleep(2.0)
-                if any(int(r["dropped_transitions"]) > 0 for r in _rows(run_dir)):
+                if any(int(r["dropped_transitions"]) > 0 for r in metrics_rows(run_dir)):
                     break
         out, _ = proc.communicate(timeout=180)
     finally:
         proc.kill()
     assert proc.returncode == 0, out
     assert killed >= 1
-    rows = _rows(run_dir)
+    rows = metrics_rows(run_dir)
     assert sum(int(r["dropped_transitions"]) for r in rows) > 0, out
     assert all(int(r["off_policy_samples"]) == 0 for r in rows)
     assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
@@ -87,9 +74,9 @@ def test_actor_reconnects_when_its_learner_is_killed_and_another_takes_its_place
     second = None
     try:
         deadline = time.monotonic() + 60
-        while len(_rows(tmp_path / "run0")) < 2 and time.monotonic() < deadline:
+        while len(metrics_rows(tmp_path / "run0")) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert len(_rows(tmp_path / "run0")) >= 2
+        assert len(metrics_rows(tmp_path / "run0")) >= 2
         first.kill()
         first.wait()
         time.sleep(1.0)
@@ -114,14 +101,14 @@ def test_learner_killed_and_resumed_continues_iteration_version_and_metrics(tmp_
          "--checkpoint-every", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
-        while len(_rows(run_dir)) < 5 and time.monotonic() < deadline:
+        while len(metrics_rows(run_dir)) < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
-        actors = _actor_pids(first.pid)
+        actors = actor_pids(first.pid)
         first.kill()  # SIGKILL: no final checkpoint, no summary
         first.wait()
     finally:
         first.kill()
-    killed_at = len(_rows(run_dir))
+    killed_at = len(metrics_rows(run_dir))
     assert killed_at >= 5
     assert not (run_dir / "summary.json").exists()
     time.sleep(1.0)
@@ -132,7 +119,7 @@ def test_learner_killed_and_resumed_continues_iteration_version_and_metrics(tmp_
                              capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from" in resumed.stderr
-    rows = _rows(run_dir)
+    rows = metrics_rows(run_dir)
     assert [int(r["iteration"]) for r in rows] == list(range(1, 15))
     assert [int(r["policy_version"]) for r in rows] == list(range(14))
     assert [int(r["env_steps"]) for r in rows] == [512 * i for i in range(1, 15)]
@@ -179,7 +166,7 @@ def test_phase_cutoff_closes_phases_without_waiting_for_a_slow_actor(tmp_path, f
         for proc in (learner, *actors):
             proc.kill()
     assert learner.returncode == 0, out
-    rows = _rows(tmp_path / "run")
+    rows = metrics_rows(tmp_path / "run")
     steps = [int(r["env_steps"]) for r in rows]
     batch_sizes = [b - a for a, b in zip([0, *steps], steps)]
     full = 3 * 2 * 64

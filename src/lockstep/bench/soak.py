@@ -40,12 +40,14 @@ class SoakOptions:
     envs_per_actor: int = 4
 
 
-def _actor_pids(parent: int) -> list[int]:
+def actor_pids(parent: int) -> list[int]:
+    """Actor processes that `lockstep train` (pid ``parent``) spawned, not multiprocessing's resource tracker."""
     out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(parent)], capture_output=True, text=True).stdout
     return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
 
 
-def _rows(run_dir: Path) -> list[dict]:
+def metrics_rows(run_dir: Path) -> list[dict]:
+    """The rows of ``run_dir/metrics.csv`` written so far (none before the file exists)."""
     path = run_dir / "metrics.csv"
     if not path.exists():
         return []
@@ -94,7 +96,7 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
     while current.alive() and time.monotonic() - start < budget:
         time.sleep(0.5)
         now = time.monotonic()
-        rows = len(_rows(run_dir))
+        rows = len(metrics_rows(run_dir))
         if rows != last_rows:
             last_rows, last_progress = rows, now
         elif rows and now - last_progress > opts.deadlock_s:
@@ -112,7 +114,7 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
             last_progress = time.monotonic()
             continue
         if rows and now >= next_kill:
-            pids = _actor_pids(current.proc.pid)
+            pids = actor_pids(current.proc.pid)
             if pids:
                 os.kill(rng.choice(pids), signal.SIGKILL)
                 actor_kills += 1
@@ -124,7 +126,7 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
     current.log.close()
 
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    rows = _rows(run_dir)
+    rows = metrics_rows(run_dir)
     restarts = log_path.read_text().count("restarting actor")
     report = {
         "minutes": opts.minutes,

@@ -1,12 +1,13 @@
-"""Exhaustive model checking of the admission gate (lockstep.sync.model).
+"""Exhaustive model checking of the admission gate (lockstep.verify).
 
 Every interleaving of joins, requests, inferences, leaves, rejoins, training and
 publishing of a few actors around the real AdmissionGate, checked for the safety,
-lag, deadlock, liveness and progress properties listed in model.py's docstring.
-Then gates with planted bugs, to show that the checker catches them with a trace.
+lag, deadlock, liveness and progress properties listed in lockstep.verify's
+docstring. Then gates with planted bugs, to show that the checker catches them with
+a trace.
 
-Sizes are chosen to keep this file under ~30 s on one core (model.py's docstring
-lists them with their state counts and times).
+Sizes are chosen to keep this file under ~30 s on one core (lockstep.verify's
+docstring lists them with their state counts and times).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from lockstep.sync.gate import AdmissionGate, ClosedPhase
-from lockstep.sync.model import Report, check, main, replay
+from lockstep.verify import Report, check, main, replay
 
 
 def assert_clean(report: Report, min_states: int) -> None:

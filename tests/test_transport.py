@@ -8,13 +8,14 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-
 from conftest import lockstep_cmd
+
 from lockstep import config as config_lib
 from lockstep.envs import SpaceSpec, env_spec
 from lockstep.learner import Learner
@@ -31,14 +32,19 @@ def test_committed_generated_module_matches_the_proto(tmp_path):
     assert generated.read_text() == committed.read_text(), "run `make proto` and commit the result"
 
 
-@pytest.fixture
-def learner(tmp_path):
-    """A CartPole learner serving on a free loopback port, in a thread."""
+def _learner_config() -> config_lib.Config:
+    """CartPole, strict, one actor, a step budget no test reaches."""
     config = config_lib.Config()
     config.run.progress = False
     config.ppo.total_steps = 10**9
     config.env.actors = 1
-    learner = Learner(config, tmp_path / "run")
+    return config
+
+
+@pytest.fixture
+def learner(tmp_path):
+    """A CartPole learner serving on a free loopback port, in a thread."""
+    learner = Learner(_learner_config(), tmp_path / "run")
     thread = threading.Thread(target=learner.serve)
     thread.start()
     learner.wait_ready(timeout=30)
@@ -111,15 +117,25 @@ def test_duplicate_actor_id_is_refused_while_the_first_is_connected(learner):
 
 
 def test_actions_are_stamped_with_the_policy_version(learner):
+    """Strict: every step of phase v is answered by version v, and each phase's training publishes v + 1."""
+    T, phases = _learner_config().ppo.steps_per_env, 3
+    rng = np.random.default_rng(0)
     conn = Connection(f"127.0.0.1:{learner.port}", _hello(num_envs=3), connect_timeout=10)
-    actions, version = conn.step(_step(np.zeros((3, 4), np.float32)), np.int64, ())
-    assert version == 0
-    assert actions.shape == (3,) and set(actions.tolist()) <= {0, 1}
-    conn.close()
+    stamps = []
+    try:
+        # The last request completes phase phases - 1; it is answered once version `phases` is published.
+        for _ in range(phases * T + 1):
+            actions, version = conn.step(_step(rng.standard_normal((3, 4)).astype(np.float32)), np.int64, ())
+            assert actions.shape == (3,) and set(actions.tolist()) <= {0, 1}
+            stamps.append(version)
+    finally:
+        conn.close()
+    assert stamps == [i // T for i in range(phases * T + 1)], Counter(stamps)
 
 
 def _children(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)],
+                         check=False, capture_output=True, text=True).stdout
     return {int(p) for p in out.split()}
 
 
@@ -143,7 +159,7 @@ def test_separately_started_learner_and_actor_train_together(tmp_path, free_port
         actor = subprocess.run(
             [*lockstep_cmd(), "actor", "--learner", f"127.0.0.1:{free_port}", "--env", "CartPole-v1",
              "--num-envs", "4", "--actor-id", "3"],
-            capture_output=True, text=True, timeout=120)
+            check=False, capture_output=True, text=True, timeout=120)
         out, _ = learner.communicate(timeout=60)
     finally:
         learner.kill()

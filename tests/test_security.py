@@ -78,7 +78,8 @@ def learner(tmp_path):
 def _raw_call(address: str, payloads: list[bytes], metadata=()):
     """Send raw bytes as stream messages (no serializer), return the error of the first reply."""
     channel = grpc.insecure_channel(address)
-    call = channel.stream_stream(METHOD, request_serializer=lambda b: b, response_deserializer=pb.LearnerMessage.FromString)
+    call = channel.stream_stream(METHOD, request_serializer=lambda b: b,
+                                 response_deserializer=pb.LearnerMessage.FromString)
     responses = call(iter(payloads), metadata=metadata)
     try:
         for _ in range(len(payloads) + 1):
@@ -151,7 +152,7 @@ def test_a_retired_run_id_cannot_rejoin(learner):
     first.step(_step(np.zeros((2, 4), np.float32)), np.int64, ())
     first.close()
     deadline = time.monotonic() + 10
-    while 94 in learner.learner._sessions and time.monotonic() < deadline:
+    while 94 in learner.learner.sessions.actor_ids and time.monotonic() < deadline:
         time.sleep(0.05)
     with pytest.raises(grpc.RpcError) as err:
         Connection(learner.address, _hello(actor_id=94, run_id="rogue-94"), connect_timeout=10)
@@ -196,15 +197,17 @@ def test_rogue_inputs_do_not_stop_a_well_behaved_actor_from_training(tmp_path):
             _rogue(running.address, _step(nan)).code(),
             _rogue(running.address, _step(np.zeros((2, 5), np.float32))).code(),
         ]
-        with pytest.raises(grpc.RpcError) as duplicate:
-            Connection(running.address, _hello(actor_id=0), connect_timeout=10)
+        rogue = Connection(running.address, _hello(actor_id=9, run_id="rogue-9"), connect_timeout=10)
+        with pytest.raises(grpc.RpcError) as duplicate:  # the same run id on a second stream
+            Connection(running.address, _hello(actor_id=9, run_id="rogue-9"), connect_timeout=10)
+        rogue.close()
         codes.append(duplicate.value.code())
         assert codes == [grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
                          grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS]
         while running.learner.trainer.iteration < before + 3 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert running.learner.trainer.iteration >= before + 3, "training stalled after the rogue inputs"
-        assert running.learner.counters.off_policy_samples == 0
+        assert running.learner.report.counters.off_policy_samples == 0
     finally:
         running.close()
         actor.wait(timeout=30)
@@ -216,7 +219,7 @@ def test_rogue_inputs_do_not_stop_a_well_behaved_actor_from_training(tmp_path):
 def test_decoder_never_fails_with_anything_but_a_named_error_on_random_bytes(data):
     try:
         msg = pb.ActorMessage.FromString(data)
-    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError is the only acceptable outcome
+    except Exception as err:
         assert type(err).__name__ == "DecodeError", err
         return
     if msg.WhichOneof("kind") == "step":

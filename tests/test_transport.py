@@ -107,12 +107,13 @@ def test_wrong_observation_shape_in_a_step_is_rejected_by_name(learner):
     conn.close()
 
 
-def test_duplicate_actor_id_is_refused_while_the_first_is_connected(learner):
+def test_the_same_run_id_on_a_second_connection_is_refused_while_the_first_is_connected(learner):
+    """A new run id would replace the first connection (tests/test_reconnect.py); the same one is a duplicate."""
     first = Connection(f"127.0.0.1:{learner.port}", _hello(actor_id=7), connect_timeout=10)
     with pytest.raises(grpc.RpcError) as err:
         Connection(f"127.0.0.1:{learner.port}", _hello(actor_id=7), connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    assert "actor id 7" in err.value.details()
+    assert "actor id 7" in err.value.details() and "run id test" in err.value.details()
     first.close()
 
 

@@ -6,8 +6,6 @@ It imports no torch: Gymnasium, numpy and gRPC only, so it starts fast and stays
 from __future__ import annotations
 
 import logging
-import random
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -15,6 +13,7 @@ import grpc
 import numpy as np
 
 from lockstep import envs as envs_lib
+from lockstep.backoff import Backoff
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.client import Connection, LearnerClosed
@@ -41,18 +40,13 @@ class ActorOptions:
     tls_server_name: str | None = None
 
 
-def action_dtype(spec: envs_lib.SpaceSpec) -> np.dtype:
-    """The dtype actions of this space travel in: int64 for Discrete, float32 for Box."""
-    return np.dtype(np.int64) if spec.kind == "discrete" else np.dtype(np.float32)
-
-
 class EnvLoop:
     """The actor's environments and what it must tell the learner about their last step."""
 
     def __init__(self, vec, act_spec: envs_lib.SpaceSpec) -> None:
         self.vec = vec
         k = vec.num_envs
-        self.dtype, self.shape = action_dtype(act_spec), act_spec.shape
+        self.dtype, self.shape = act_spec.action_dtype, act_spec.element_shape
         self.low = self.high = None
         if act_spec.kind == "box":
             self.low, self.high = act_spec.low.astype(np.float32), act_spec.high.astype(np.float32)
@@ -68,11 +62,17 @@ class EnvLoop:
         self.final_obs = np.zeros((0, *self.obs.shape[1:]), self.obs.dtype)
 
     def forget_outcome(self) -> None:
-        """After a reconnect the learner has dropped the unroll the last outcome belongs to."""
+        """After a reconnect the learner has dropped the unroll the last outcome belongs to.
+
+        The finished episodes go too: the message that carried them may have reached the learner
+        before the connection broke, and reporting them again would count them twice (an episode
+        lost with an unreceived message is the lesser error: it only delays the statistics).
+        """
         self.reward[:] = 0
         self.terminated[:] = False
         self.truncated[:] = False
         self.final_index, self.final_obs = np.zeros(0, np.int64), self.final_obs[:0]
+        self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
 
     def message(self) -> pb.Step:
         return step_to_proto(self.obs, self.reward, self.terminated, self.truncated, self.final_index,
@@ -100,29 +100,6 @@ class EnvLoop:
             self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
 
 
-class Backoff:
-    """Exponential backoff with full jitter, within a total budget."""
-
-    def __init__(self, budget_s: float, base_s: float = 0.5, cap_s: float = 10.0) -> None:
-        self.budget_s, self.base_s, self.cap_s = budget_s, base_s, cap_s
-        self._rng = random.Random()
-        self.reset()
-
-    def reset(self) -> None:
-        self.attempt, self.since = 0, None
-
-    def wait(self) -> bool:
-        """Sleep before the next attempt; False when the budget is spent."""
-        now = time.monotonic()
-        self.since = self.since or now
-        if now - self.since >= self.budget_s:
-            return False
-        delay = self._rng.uniform(0, min(self.cap_s, self.base_s * 2 ** self.attempt))
-        self.attempt += 1
-        time.sleep(min(delay, max(0.0, self.budget_s - (now - self.since))))
-        return True
-
-
 def run(opts: ActorOptions) -> int:
     """Connect, act until the learner finishes training, reconnecting if it goes away. Returns an exit code:
     0 training finished, 1 no learner (any more), 2 the learner refused this actor."""
@@ -137,7 +114,7 @@ def _run(opts: ActorOptions, vec) -> int:
     obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space)
     act_spec = envs_lib.SpaceSpec.from_space(vec.single_action_space)
     loop = EnvLoop(vec, act_spec)
-    backoff = Backoff(opts.retry_for_s)
+    backoff = Backoff(base_s=0.5, cap_s=10.0, budget_s=opts.retry_for_s)
     name = f"actor {opts.actor_id}"
     while True:
         hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex, num_envs=opts.num_envs,

@@ -6,8 +6,9 @@ Imported by the actor, so it must not import torch.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -26,7 +27,7 @@ class SpaceSpec:
     high: np.ndarray | None = field(default=None, compare=False)  # box only
 
     @classmethod
-    def from_space(cls, space: gym.Space) -> "SpaceSpec":
+    def from_space(cls, space: gym.Space) -> SpaceSpec:
         if isinstance(space, gym.spaces.Discrete):
             if int(space.start) != 0:
                 raise ValueError(f"Discrete spaces must start at 0, got start={space.start}")
@@ -38,19 +39,34 @@ class SpaceSpec:
             )
         raise ValueError(f"unsupported space {space}: lockstep handles Discrete and Box spaces")
 
+    @property
+    def discrete(self) -> bool:
+        return self.kind == "discrete"
+
+    @property
+    def action_dtype(self) -> np.dtype:
+        """The dtype actions from this space travel and are stored in: int64 for Discrete, float32 for Box."""
+        return np.dtype(np.int64) if self.discrete else np.dtype(np.float32)
+
+    @property
+    def element_shape(self) -> tuple[int, ...]:
+        """The shape of one value: () for Discrete, the Box's shape otherwise."""
+        return () if self.discrete else tuple(self.shape)
+
     def describe(self) -> str:
         if self.kind == "discrete":
             return f"Discrete({self.n})"
         return f"Box(shape={self.shape}, dtype={self.dtype})"
 
-    def mismatch(self, other: "SpaceSpec") -> str | None:
+    def mismatch(self, other: SpaceSpec) -> str | None:
         """A description of how ``other`` differs from this spec, or None if they agree."""
         if (self.kind, self.shape, self.dtype, self.n) != (other.kind, other.shape, other.dtype, other.n):
             return f"{other.describe()} does not match {self.describe()}"
         if self.kind == "box" and not (
             np.array_equal(self.low, other.low) and np.array_equal(self.high, other.high)
         ):
-            return f"bounds of {other.describe()} differ: low {other.low} high {other.high}, expected low {self.low} high {self.high}"
+            return (f"bounds of {other.describe()} differ: low {other.low} high {other.high}, "
+                    f"expected low {self.low} high {self.high}")
         return None
 
 
@@ -76,7 +92,8 @@ def resolve_env(env_id: str) -> Callable[..., gym.Env]:
         return factory
     if ":" not in env_id and env_id not in gym.registry:
         raise ValueError(
-            f"unknown environment {env_id!r}: not a registered Gymnasium id and not a 'package.module:callable' entry point"
+            f"unknown environment {env_id!r}: not a registered Gymnasium id and not a "
+            "'package.module:callable' entry point"
         )
     return lambda **kwargs: gym.make(env_id, **kwargs)
 

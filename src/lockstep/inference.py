@@ -25,9 +25,23 @@ import torch
 from lockstep import noise
 from lockstep.models import ActorCritic, ObsNormalizer
 
-
 _TINY = float(np.finfo(np.float32).tiny)
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
+
+
+def act(model: ActorCritic, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.ndarray,
+        device: torch.device, between: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The one sampling function: obs [B, *obs], uniform [B, w] -> action [B, *act], log-prob [B], value [B].
+
+    Used by snapshots and by the in-place backend alike, so every strategy samples
+    the same action from the same parameters and noise. ``between``: see ``ActorCritic.sample``.
+    """
+    with torch.inference_mode():
+        x = normalize(torch.as_tensor(obs, device=device))
+        # float32 rounds uniforms within 2**-25 of 1 up to 1.0, where Gumbel noise is infinite
+        u = torch.as_tensor(uniform, dtype=torch.float32, device=device).clamp_(_TINY, _BELOW_ONE)
+        action, logprob, value = model.sample(x, u, between=between)
+        return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy()
 
 
 class PolicySnapshot:
@@ -44,12 +58,7 @@ class PolicySnapshot:
 
     def act(self, obs: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """obs [B, *obs], uniform [B, w] -> action [B, *act], log-prob [B] float32, value [B] float32."""
-        with torch.inference_mode():
-            x = self.normalize(torch.as_tensor(obs, device=self.device))
-            # float32 rounds uniforms within 2**-25 of 1 up to 1.0, where Gumbel noise is infinite
-            u = torch.as_tensor(uniform, dtype=torch.float32, device=self.device).clamp_(_TINY, _BELOW_ONE)
-            action, logprob, value = self.model.sample(x, u)
-            return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy()
+        return act(self.model, self.normalize, obs, uniform, self.device)
 
 
 @dataclass

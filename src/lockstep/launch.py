@@ -11,11 +11,12 @@ import multiprocessing as mp
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lockstep.actor import ActorOptions, process_main
+from lockstep.backoff import Backoff
 from lockstep.config import Config
 from lockstep.learner import Learner
 from lockstep.metrics import write_summary
@@ -29,10 +30,10 @@ FINISHED, REFUSED = 0, 2  # actor exit codes that a restart cannot help
 @dataclass
 class _Supervised:
     options: ActorOptions
+    backoff: Backoff
     process: mp.process.BaseProcess | None = None
     restarts: int = 0
     restart_at: float | None = None  # when a dead actor is due to be restarted
-    history: list[float] = field(default_factory=list)
 
 
 class ActorSupervisor:
@@ -42,7 +43,7 @@ class ActorSupervisor:
                  max_backoff_s: float = 30.0) -> None:
         self._ctx = mp.get_context("spawn")
         self._level = logging.getLogger().getEffectiveLevel()
-        self.actors = [_Supervised(o) for o in options]
+        self.actors = [_Supervised(o, Backoff(backoff_s, max_backoff_s, jitter=False)) for o in options]
         self.max_restarts = max_restarts
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
 
@@ -90,7 +91,7 @@ class ActorSupervisor:
                               actor.options.actor_id, code, self.max_restarts)
                     actor.process = None
                 continue
-            delay = min(self.max_backoff_s, self.backoff_s * 2 ** actor.restarts)
+            delay = actor.backoff.delay()
             log.warning("actor %d died (exit code %s); restarting in %.1f s", actor.options.actor_id, code, delay)
             actor.restart_at = now + delay
 
@@ -124,7 +125,7 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     def serve() -> None:
         try:
             outcome["summary"] = learner.serve()
-        except BaseException as err:  # noqa: BLE001 - reported by the caller's thread
+        except BaseException as err:
             outcome["error"] = err
 
     thread = threading.Thread(target=serve, name="lockstep-learner")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import threading
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from lockstep.files import atomic_write
 
 # metrics.csv columns, in order. Other tools read this file: add columns at the end.
 COLUMNS = [
@@ -23,7 +26,13 @@ COLUMNS = [
 
 
 class EpisodeTracker:
-    """Finished episodes from every actor; thread-safe. Records when the running mean first crosses thresholds."""
+    """Finished episodes from every actor; thread-safe.
+
+    The *running mean* is the mean return of the last ``window`` episodes, defined only once
+    ``window`` episodes have finished. It is the one quantity behind both "reached a target"
+    checks: ``reached`` (the learner's ``run.stop_at_return``) and ``first_reached`` (when the
+    running mean first crossed each threshold). A mean of fewer episodes is too noisy to stop on.
+    """
 
     def __init__(self, thresholds: list[float], window: int = 20) -> None:
         self._lock = threading.Lock()
@@ -39,16 +48,29 @@ class EpisodeTracker:
         if not len(returns):
             return
         with self._lock:
-            for r, n in zip(returns.tolist(), lengths.tolist()):
+            for r, n in zip(returns.tolist(), lengths.tolist(), strict=True):
                 self._returns.append(r)
                 self._lengths.append(n)
                 self._recent.append(r)
                 self.count += 1
-                if len(self._recent) == self.window:
-                    mean = sum(self._recent) / self.window
-                    for t in self._thresholds:
-                        if mean >= t and self.first_reached[_key(t)] is None:
-                            self.first_reached[_key(t)] = {"env_steps": env_steps, "wall_s": round(wall_s, 3)}
+                mean = self._running_mean()
+                for t in self._thresholds:
+                    if mean >= t and self.first_reached[_key(t)] is None:  # NaN (a partial window) never is
+                        self.first_reached[_key(t)] = {"env_steps": env_steps, "wall_s": round(wall_s, 3)}
+
+    def running_mean(self) -> float:
+        """Mean return of the last ``window`` episodes; NaN while fewer than ``window`` have finished."""
+        with self._lock:
+            return self._running_mean()
+
+    def reached(self, target: float) -> bool:
+        """True when a full window of episodes has a mean return of at least ``target``."""
+        return self.running_mean() >= target
+
+    def _running_mean(self) -> float:
+        if len(self._recent) < self.window:
+            return math.nan
+        return sum(self._recent) / self.window
 
     def state_dict(self) -> dict:
         with self._lock:
@@ -64,6 +86,9 @@ class EpisodeTracker:
             self.first_reached.update(state["first_reached"])
 
     def stats(self) -> dict[str, float]:
+        """The metrics.csv columns. ``episode_return_mean20`` is the mean of the last ``window`` (20)
+        episodes, or of all of them while there are fewer: a curve from the first episode on. It is
+        not the running mean that ``reached`` and ``first_reached`` use, which waits for a full window."""
         with self._lock:
             return {
                 "episodes": self.count,
@@ -94,10 +119,11 @@ class MetricsWriter:
         if exists:
             with self.path.open(newline="") as f:
                 rows = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_after]
-            with self.path.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-                writer.writeheader()
-                writer.writerows(rows)
+            text = io.StringIO(newline="")
+            writer = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+            atomic_write(self.path, text.getvalue())
         self._file = self.path.open("a" if exists else "w", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=COLUMNS, extrasaction="ignore")
         if not exists:
@@ -131,9 +157,7 @@ def _fmt(value: Any) -> Any:
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
-    tmp.replace(path)
+    atomic_write(path, json.dumps(summary, indent=2, default=_json_default) + "\n")
 
 
 def _json_default(value: Any) -> Any:

@@ -5,12 +5,28 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from lockstep.config import Config
+
+
+@dataclass
+class Status:
+    """What the progress display shows."""
+
+    iteration: int = 0
+    policy_version: int = 0
+    env_steps: int = 0
+    sps: float = 0.0
+    episode_return_mean: float = math.nan
+    episodes: int = 0
+    actors: int = 0
+    started: bool = False
+    finished: bool = False
 
 
 class Progress:
@@ -23,7 +39,7 @@ class Progress:
         self._last_line = 0.0
         self._last_iteration = -1
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.enabled and self.console.is_terminal:
             self.live = Live(console=self.console, refresh_per_second=4, transient=False)
             self.live.__enter__()
@@ -33,7 +49,7 @@ class Progress:
         if self.live is not None:
             self.live.__exit__(*exc)
 
-    def update(self, status) -> None:
+    def update(self, status: Status) -> None:
         if not self.enabled:
             return
         if self.live is not None:
@@ -44,12 +60,12 @@ class Progress:
             self._last_line, self._last_iteration = now, status.iteration
             print(self._line(status), file=sys.stderr, flush=True)
 
-    def _line(self, s) -> str:
+    def _line(self, s: Status) -> str:
         ret = "n/a" if math.isnan(s.episode_return_mean) else f"{s.episode_return_mean:.1f}"
         return (f"iter {s.iteration} | version {s.policy_version} | steps {s.env_steps:,}/{self.total:,} "
                 f"| {s.sps:,.0f} steps/s | return(20) {ret} | episodes {s.episodes} | actors {s.actors}")
 
-    def _table(self, s) -> Table:
+    def _table(self, s: Status) -> Table:
         table = Table(title="lockstep", show_header=False, box=None)
         if not s.started:
             table.add_row("waiting for actors", f"{s.actors} connected")

@@ -3,14 +3,22 @@
 An ``Unroll`` holds T steps of one member's k slots, written in place as
 inference results and outcomes arrive. ``assemble`` lays the unrolls of a closed
 phase side by side, in member order (never arrival order), into a ``Batch``
-of [T, N] arrays, N being the total number of slots.
+of [T, N] arrays, N being the total number of slots. A ``PhaseStore`` keeps
+complete unrolls until their phase closes and queues the batches for the trainer.
 """
 
 from __future__ import annotations
 
+import queue
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from lockstep.sync import ClosedPhase
 
 
 class Unroll:
@@ -118,7 +126,10 @@ def assemble(version: int, unrolls: list[Unroll]) -> Batch:
             raise IncompleteUnrollError(
                 f"unroll of member {u.member} has {u.steps_completed} of {u.steps_acted} steps completed"
             )
-    cat = lambda name: np.concatenate([getattr(u, name) for u in unrolls], axis=1)  # noqa: E731
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(u, name) for u in unrolls], axis=1)
+
     offsets = np.cumsum([0] + [u.obs.shape[1] for u in unrolls])
     finals = [(t, idx + off, obs) for u, off in zip(unrolls, offsets) for t, idx, obs in u.final_obs]
     obs_shape = unrolls[0].obs.shape[2:]
@@ -131,8 +142,72 @@ def assemble(version: int, unrolls: list[Unroll]) -> Batch:
         versions=cat("versions"),
         bootstrap_obs=np.concatenate([u.bootstrap_obs for u in unrolls], axis=0),
         lengths=np.concatenate([np.full(u.obs.shape[1], u.steps_acted, np.int64) for u in unrolls]),
-        final_t=np.concatenate([np.full(len(idx), t, np.int64) for t, idx, _ in finals]) if finals else np.zeros(0, np.int64),
+        final_t=(np.concatenate([np.full(len(idx), t, np.int64) for t, idx, _ in finals]) if finals
+                 else np.zeros(0, np.int64)),
         final_n=np.concatenate([idx for _, idx, _ in finals]) if finals else np.zeros(0, np.int64),
         final_obs=(np.concatenate([obs for _, _, obs in finals], axis=0) if finals
                    else np.zeros((0, *obs_shape), dtype=unrolls[0].obs.dtype)),
     )
+
+
+@dataclass
+class TrainingPhase:
+    """A closed phase on its way to the trainer."""
+
+    phase: int  # the phase index, which is also the version that must train it
+    batch: Batch | None  # None: every member left before completing an unroll
+    collect_s: float  # seconds from the previous close to this one
+
+
+class PhaseStore:
+    """Complete unrolls, kept by phase until the phase closes, then queued for the trainer, oldest first.
+
+    Filled on the event loop, drained by the trainer thread. The queue is bounded by
+    construction: the gate lets at most ``max_lag + 1`` phases close ahead of training
+    (the reference strategies bound nothing).
+    """
+
+    def __init__(self) -> None:
+        self._completed: dict[int, dict[int, Unroll]] = {}  # phase -> member -> complete unroll
+        self._closed: queue.Queue[TrainingPhase | None] = queue.Queue()
+        self.last_close = time.perf_counter()
+
+    def add(self, phase: int, unroll: Unroll) -> None:
+        self._completed.setdefault(phase, {})[unroll.member] = unroll
+
+    def close(self, closed: Iterable[ClosedPhase]) -> None:
+        """Assemble each closed phase's unrolls, in member order, and queue the batch for training."""
+        now = time.perf_counter()
+        for phase in closed:
+            unrolls = self._completed.pop(phase.phase, {})
+            batch = assemble(phase.phase, [unrolls[m] for m in phase.members]) if phase.members else None
+            self._closed.put(TrainingPhase(phase.phase, batch, now - self.last_close))
+            self.last_close = now
+
+    def restart_timer(self) -> None:
+        """Collection starts now (the first phase): ``collect_s`` of the first close counts from here."""
+        self.last_close = time.perf_counter()
+
+    def collecting_s(self) -> float:
+        """Seconds since the last phase closed: how long the oldest open phase has collected."""
+        return time.perf_counter() - self.last_close
+
+    def next(self) -> TrainingPhase | None:
+        """The oldest closed phase, waiting for one; None once ``stop()`` was called."""
+        return self._closed.get()
+
+    def stop(self) -> None:
+        self._closed.put(None)
+
+    def discard(self) -> int:
+        """Forget everything not yet trained (the run is over); return the transitions discarded."""
+        dropped = sum(u.steps_acted * u.obs.shape[1] for unrolls in self._completed.values()
+                      for u in unrolls.values())
+        self._completed.clear()
+        while True:
+            try:
+                item = self._closed.get_nowait()
+            except queue.Empty:
+                return dropped
+            if item is not None and item.batch is not None:
+                dropped += item.batch.size

@@ -7,6 +7,7 @@ produced by any version but the one being updated is an error, never a warning.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,9 +48,7 @@ class RewardScaler:
     def scale(self, batch: Batch) -> np.ndarray:
         """[T, N] scaled rewards; updates the statistics with this batch."""
         T = batch.num_steps
-        running = np.concatenate([
-            self.returns.get(m, np.zeros(k)) for m, k in zip(batch.members, batch.slots_per_member)
-        ])  # [N]
+        running = np.concatenate([self._running(m, k) for m, k in zip(batch.members, batch.slots_per_member)])  # [N]
         valid = batch.valid
         seen = np.empty((T, batch.num_slots))
         done = batch.terminated | batch.truncated
@@ -62,6 +61,48 @@ class RewardScaler:
         for m, start, end in zip(batch.members, offsets[:-1], offsets[1:]):
             self.returns[m] = running[start:end]
         return np.clip(batch.rewards / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
+
+    def _running(self, member: int, num_envs: int) -> np.ndarray:
+        """[k] the member's discounted returns so far; zeros for a new member, or for one that came back
+        with another number of envs (a restarted actor, a resume): those returns are stale anyway."""
+        running = self.returns.get(member)
+        if running is None or running.shape != (num_envs,):
+            return np.zeros(num_envs)
+        return running
+
+
+def bootstrap(batch: Batch, values: torch.Tensor,
+              value_fn: Callable[[np.ndarray], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What GAE needs besides rewards and values: the value after each step and where traces continue.
+
+    ``values`` [T, N] are the behaviour values of ``batch``; ``value_fn`` maps raw observations
+    [M, *obs] to their values [M] under the policy being trained. Returns, both [T, N]:
+
+    * ``next_values[t, n]``: V of the state after step t in the same episode. The next row's value
+      for an ordinary step; 0 where the episode terminated; V(the episode's last observation) where
+      it was truncated (the next row holds the reset observation of a new episode); V(bootstrap
+      observation) at a slot's last step, L-1 for a slot of length L; 0 past a slot's last step.
+    * ``continues[t, n]``: 1 where the advantage trace runs on into step t+1; 0 where the episode
+      ended (terminated or truncated), at a slot's last step, and past it.
+    """
+    N = values.shape[1]
+    dev = values.device
+    terminated = torch.as_tensor(batch.terminated, dtype=torch.float32, device=dev)  # [T, N]
+    truncated = torch.as_tensor(batch.truncated, dtype=torch.float32, device=dev)  # [T, N]
+    last = torch.as_tensor(batch.lengths - 1, device=dev)  # [N] each slot's last step
+    slots = torch.arange(N, device=dev)  # [N]
+    past = ~torch.as_tensor(batch.valid, device=dev)  # [T, N] steps past a slot's last one
+    next_values = torch.zeros_like(values)  # [T, N]
+    next_values[:-1] = values[1:]
+    next_values[last, slots] = value_fn(batch.bootstrap_obs)  # [N]
+    next_values = next_values * (1.0 - terminated)
+    if len(batch.final_t):  # truncated: bootstrap from the episode's own last observation
+        next_values[batch.final_t, batch.final_n] = value_fn(batch.final_obs)  # [M]
+    next_values[past] = 0.0
+    continues = 1.0 - torch.maximum(terminated, truncated)  # [T, N]
+    continues[last, slots] = 0.0  # nothing after a slot's last step belongs to its trace
+    continues[past] = 0.0
+    return next_values, continues
 
 
 class Trainer:
@@ -107,25 +148,16 @@ class Trainer:
         valid = batch.valid  # [T, N]; False only past the end of unrolls cut short
         lag = self._lag(batch)
         dev = self.device
-        as_t = lambda a, dtype=torch.float32: torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=dev)  # noqa: E731
+
+        def as_t(a: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=dev)
+
         normalize = self.normalizer()
-        T, N = batch.num_steps, batch.num_slots
         obs = normalize(as_t(batch.obs))  # [T, N, *obs], with the statistics the batch was collected with
         values = as_t(batch.values)  # [T, N]
         rewards = as_t(self.reward_scaler.scale(batch) if self.reward_scaler else batch.rewards)
-        terminated, truncated = as_t(batch.terminated), as_t(batch.truncated)
-        last = torch.as_tensor(batch.lengths - 1, device=dev)  # [N] each slot's last step
-        slots = torch.arange(N, device=dev)
         with torch.no_grad():
-            next_values = torch.empty_like(values)  # [T, N] value of the state after each step
-            next_values[:-1] = values[1:]
-            next_values[last, slots] = self.model.value(normalize(as_t(batch.bootstrap_obs)))
-            next_values = next_values * (1.0 - terminated)
-            if len(batch.final_t):  # truncated: bootstrap from the episode's own last observation
-                final_values = self.model.value(normalize(as_t(batch.final_obs)))
-                next_values[batch.final_t, batch.final_n] = final_values
-            continues = 1.0 - torch.maximum(terminated, truncated)
-            continues[last, slots] = 0.0  # nothing after a slot's last step belongs to its trace
+            next_values, continues = bootstrap(batch, values, lambda o: self.model.value(normalize(as_t(o))))
             advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
         lr = self.learning_rate()
         for group in self.optimizer.param_groups:

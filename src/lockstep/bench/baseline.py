@@ -41,7 +41,7 @@ import torch
 from lockstep import config as config_lib
 from lockstep import envs as envs_lib
 from lockstep import noise
-from lockstep.actor import EnvLoop, action_dtype
+from lockstep.actor import EnvLoop
 from lockstep.learner import resolve_device
 from lockstep.metrics import EpisodeTracker
 from lockstep.rollout import Unroll, assemble
@@ -62,7 +62,7 @@ def run(config: config_lib.Config) -> dict[str, Any]:
         obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space)
         act_spec = envs_lib.SpaceSpec.from_space(vec.single_action_space)
         spec = envs_lib.EnvSpec(config.env.id, obs_spec, act_spec)
-        shapes = (obs_spec.shape, np.dtype(obs_spec.dtype), act_spec.shape, action_dtype(act_spec))
+        shapes = (obs_spec.shape, np.dtype(obs_spec.dtype), act_spec.element_shape, act_spec.action_dtype)
         trainer = Trainer(config, spec, device, max_lag=0)
         episodes = EpisodeTracker(config.run.thresholds)
         loop = EnvLoop(vec, act_spec)  # the actor's own env loop
@@ -106,7 +106,7 @@ def run(config: config_lib.Config) -> dict[str, Any]:
             curve.append([trainer.env_steps, round(wall, 3), episodes.stats()["episode_return_mean20"]])
             if trainer.env_steps >= config.ppo.total_steps or (limit is not None and wall >= limit):
                 break
-            if target is not None and curve[-1][2] >= target:  # the learner's run.stop_at_return
+            if target is not None and episodes.reached(target):  # the learner's run.stop_at_return
                 break
             snapshot = trainer.snapshot()
     finally:

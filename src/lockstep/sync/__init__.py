@@ -8,10 +8,11 @@ this package imports gRPC or torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from lockstep.sync.gate import Admission, AdmissionGate, ClosedPhase, GateError, RequestResult
+from lockstep.sync.jitter import Jitter
 from lockstep.sync.reference import REFERENCE, ReferenceSync
 
 
@@ -21,6 +22,11 @@ class Strategy:
     max_lag: int | None  # the gate's bound on policy lag; None: unbounded
     snapshots: bool  # inference on immutable versioned snapshots (else on the live, in-place-updated model)
     summary: str
+
+    @property
+    def backend(self) -> str:
+        """The inference backend family: "snapshot" (immutable versions behind the gate) or "in-place"."""
+        return "snapshot" if self.snapshots else "in-place"
 
     def gate(self, steps_per_phase: int, min_members: int, **options) -> AdmissionGate:
         """The admission gate for this strategy (options: start_version, cutoff, min_unroll)."""
@@ -45,5 +51,5 @@ def strategy(name: str, max_lag: int = 1) -> Strategy:
 
 NAMES = ("strict", "pipelined", *REFERENCE)
 
-__all__ = ["Admission", "AdmissionGate", "ClosedPhase", "GateError", "RequestResult", "Strategy",
+__all__ = ["Admission", "AdmissionGate", "ClosedPhase", "GateError", "Jitter", "RequestResult", "Strategy",
            "strategy", "NAMES", "ReferenceSync"]

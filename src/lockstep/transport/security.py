@@ -54,6 +54,13 @@ def check_listen(address: str, token: str | None) -> None:
         )
 
 
+def check_server(address: str, token: str | None, tls_cert: str | None = None, tls_key: str | None = None) -> None:
+    """Refuse a server configuration that is unsafe or incomplete, before anything starts."""
+    check_listen(address, token)
+    if bool(tls_cert) != bool(tls_key):
+        raise SecurityError("TLS needs both --tls-cert and --tls-key")
+
+
 def metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return ((METADATA_KEY, SCHEME + token),) if token else ()
 

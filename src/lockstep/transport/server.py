@@ -9,49 +9,17 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import Protocol
 
 import grpc
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL, SERVICE, security
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError, encode
-from lockstep.transport.messages import HelloInfo, StepData, hello_from_proto, step_from_proto
+from lockstep.transport.messages import hello_from_proto, step_from_proto
+from lockstep.transport.protocol import FAILED_PRECONDITION, ActorHandler, Refused
 
 log = logging.getLogger(__name__)
-
-
-class HandshakeError(Exception):
-    """The learner refuses an actor; ``code`` is a grpc.StatusCode."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass(frozen=True)
-class Reply:
-    """The answer to one Step: actions [k, *act] and the version that produced them,
-    or ``actions=None``: no action, the actor sends the same Step again."""
-
-    actions: np.ndarray | None
-    version: int
-
-
-class ActorSession(Protocol):
-    async def step(self, data: StepData) -> Reply | None:
-        """The reply to a step, or None when training is over."""
-
-    def close(self) -> None:
-        """The stream ended (actor gone, error, or training over)."""
-
-
-class ActorHandler(Protocol):
-    def connect(self, hello: HelloInfo) -> tuple[ActorSession, pb.Welcome]:
-        """Accept an actor or raise HandshakeError."""
 
 
 def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -95,7 +63,7 @@ class LearnerServer:
     def __init__(self, handler: ActorHandler, listen: str, *, token: str | None = None,
                  tls: tuple[str, str] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  sanitize: bool = False) -> None:
-        security.check_listen(listen, token)
+        security.check_server(listen, token, *(tls or (None, None)))
         self._handler = handler
         self._listen = listen
         self._token = token
@@ -150,31 +118,35 @@ class LearnerServer:
         try:
             hello = hello_from_proto(first.hello)
             if hello.protocol != PROTOCOL:
-                raise HandshakeError(grpc.StatusCode.FAILED_PRECONDITION,
+                raise Refused(FAILED_PRECONDITION,
                                      f"actor speaks protocol {hello.protocol}, the learner {PROTOCOL}; "
                                      "run the same lockstep version on both")
             session, welcome = self._handler.connect(hello)
         except CodecError as err:
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"hello: {err}", peer)
-        except HandshakeError as err:
-            await self._refuse(context, err.code, str(err), peer)
+        except Refused as err:
+            await self._refuse(context, grpc.StatusCode[err.code], str(err), peer)
         who = f"actor {hello.actor_id}"
         try:
-            yield pb.LearnerMessage(welcome=welcome)
+            yield pb.LearnerMessage(welcome=pb.Welcome(seed=welcome.seed, learner_run=welcome.learner_run))
             async for msg in requests:
                 if isinstance(msg, _Malformed):
                     await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
                                        f"{who}: a message that is not a valid ActorMessage protobuf ({msg.error})", who)
                 if msg.WhichOneof("kind") != "step":
                     await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
-                                       f"{who}: expected a step, got {msg.WhichOneof('kind') or 'an empty message'}", who)
+                                       f"{who}: expected a step, got {msg.WhichOneof('kind') or 'an empty message'}",
+                                       who)
                 start = time.perf_counter()
                 try:
                     data = step_from_proto(msg.step, hello.num_envs, hello.observation, self._sanitize)
                 except CodecError as err:
                     await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"{who}: {err}", who)
                 self.codec_s += time.perf_counter() - start
-                reply = await session.step(data)
+                try:
+                    reply = await session.step(data)
+                except Refused as err:
+                    await self._refuse(context, grpc.StatusCode[err.code], str(err), who)
                 if reply is None:
                     return
                 start = time.perf_counter()

@@ -1,0 +1,59 @@
+"""What a transport asks of the learner, and what it gets back: the same for every transport.
+
+A transport (gRPC today) decodes and validates an actor's messages, then hands
+them to the learner through these two protocols. Refusals are named with
+gRPC-style status names so every transport can report them the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from lockstep.transport.messages import HelloInfo, StepData
+
+# Why a connection is refused (the names of the matching gRPC status codes).
+INVALID_ARGUMENT = "INVALID_ARGUMENT"  # the actor sent something the learner cannot use
+FAILED_PRECONDITION = "FAILED_PRECONDITION"  # the request is well-formed but not allowed now
+ALREADY_EXISTS = "ALREADY_EXISTS"
+UNAVAILABLE = "UNAVAILABLE"  # training is over
+
+
+class Refused(Exception):
+    """The learner refuses an actor (at its hello) or ends its connection; ``code`` says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """The learner's answer to an accepted hello."""
+
+    seed: int  # the run seed: the actor seeds its envs from it
+    learner_run: str  # the run directory's name, for the actor's log
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to one Step: actions [k, *act] and the version that produced them,
+    or ``actions=None``: no action, the actor sends the same Step again."""
+
+    actions: np.ndarray | None
+    version: int
+
+
+class ActorSession(Protocol):
+    async def step(self, data: StepData) -> Reply | None:
+        """The reply to a step, or None when training is over; raises Refused to end the connection."""
+
+    def close(self) -> None:
+        """The connection ended (actor gone, error, or training over)."""
+
+
+class ActorHandler(Protocol):
+    def connect(self, hello: HelloInfo) -> tuple[ActorSession, Welcome]:
+        """Accept an actor or raise Refused."""

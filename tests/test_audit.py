@@ -61,7 +61,8 @@ def test_strict_run_is_on_policy_in_every_iteration(cartpole_run, capsys):
 
     assert audit.main(str(cartpole_run)) == 0
     out = capsys.readouterr().out
-    assert "OK" in out and "4 iteration(s) checked" in out
+    assert "4 iteration(s) checked" in out
+    assert out.strip().splitlines()[-1].startswith("PASS: 4 iteration(s), 2048 samples; strict: every sample produced")
 
     directory = cartpole_run / "audit"
     readme = (directory / "README.md").read_text()
@@ -85,7 +86,7 @@ def test_planted_off_policy_samples_fail_the_audit(cartpole_run, tmp_path, capsy
     _edit_batch(run, 2, logprobs=bump)
     assert audit.main(str(run)) == 1
     out = capsys.readouterr().out
-    assert "FAIL" in out and "iterations 2)" in out
+    assert out.strip().splitlines()[-1].startswith("FAIL: 1 of 4 iteration(s) failed the audit (iterations 2)")
     report = audit.check(run)
     assert [it.differing for it in report.iterations] == [0, 1, 0, 0]
     assert report.iteration(2).max_abs_diff == pytest.approx(0.1, rel=1e-3)
@@ -99,9 +100,9 @@ def test_planted_off_policy_samples_fail_the_audit(cartpole_run, tmp_path, capsy
 
     _edit_batch(run, 4, versions=restamp)
     assert audit.main(str(run)) == 1
-    assert "1 samples not produced by version 3" in capsys.readouterr().out
+    assert "1 sample(s) not produced by version 3" in capsys.readouterr().out
     it = audit.check(run).iteration(4)
-    assert (it.off_version, it.lag_max, it.versions) == (1, 1, [2, 3])
+    assert (it.off_version, it.lag_max, it.versions, it.lag_violations) == (1, 1, [2, 3], 1)
 
 
 def test_a_missing_policy_file_counts_every_sample_of_its_version(cartpole_run, tmp_path, capsys):
@@ -119,7 +120,7 @@ def test_a_missing_policy_file_counts_every_sample_of_its_version(cartpole_run, 
     assert it.strategy == "strict" and it.failed and "batch_000003.npz is unreadable" in it.problems[0]
 
 
-def test_differences_in_non_strict_runs_are_reported_without_failing(cartpole_run, tmp_path, capsys):
+def test_differences_in_in_place_runs_are_reported_without_failing(cartpole_run, tmp_path, capsys):
     run = _copy(cartpole_run, tmp_path)
 
     def bump(logprobs):
@@ -129,7 +130,8 @@ def test_differences_in_non_strict_runs_are_reported_without_failing(cartpole_ru
     _edit_batch(run, 1, logprobs=bump, strategy=lambda _: np.str_("spin-flags"))
     assert audit.main(str(run)) == 0
     out = capsys.readouterr().out
-    assert "NOTE: 1 differing sample(s)" in out and "spin-flags" in out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("PASS") and "spin-flags" in verdict and "1 differing sample(s)" in verdict
     assert audit.check(run).iteration(1).differing == 1
 
 

@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from lockstep.envs import SpaceSpec
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError, decode, encode
+from lockstep.transport.messages import step_from_proto, step_to_proto
 
 DTYPES = ["float32", "float64", "uint8", "int64", "bool"]
 SHAPES = [(), (0, 4), (3,), (2, 3, 4)]
@@ -186,3 +188,41 @@ def test_codec_error_is_a_value_error():
 def test_huge_shape_whose_element_count_overflows_is_a_codec_error(shape):
     with pytest.raises(CodecError, match="x"):
         decode(pb.Tensor(dtype="uint8", shape=shape, data=b""), "x")
+
+
+# -- Step messages: final observations must name exactly the slots truncated without terminating ---------
+
+OBS4 = SpaceSpec("box", (4,), "float32", low=np.full(4, -1.0, np.float32), high=np.full(4, 1.0, np.float32))
+
+
+def _step_message(terminated, truncated, final_index) -> pb.Step:
+    k, m = len(terminated), len(final_index)
+    return step_to_proto(np.zeros((k, 4), np.float32), np.zeros(k, np.float32), np.array(terminated, bool),
+                         np.array(truncated, bool), np.array(final_index, np.int64),
+                         np.arange(m * 4, dtype=np.float32).reshape(m, 4), np.zeros(0), np.zeros(0, np.int64))
+
+
+def test_final_index_naming_exactly_the_truncated_slots_is_accepted():
+    # slot 0 terminated, slot 1 truncated, slot 2 both (a termination: no final observation), slot 3 ran on
+    data = step_from_proto(_step_message([1, 0, 1, 0], [0, 1, 1, 0], [1]), 4, OBS4)
+    assert data.final_index.tolist() == [1] and data.final_obs.shape == (1, 4)
+    data = step_from_proto(_step_message([0, 0, 0, 0], [1, 0, 0, 1], [0, 3]), 4, OBS4)
+    assert data.final_index.tolist() == [0, 3]
+    assert step_from_proto(_step_message([0, 0, 0, 0], [0, 0, 0, 0], []), 4, OBS4).final_index.size == 0
+
+
+@pytest.mark.parametrize("terminated, truncated, final_index, message", [
+    ([0, 0, 0, 0], [0, 0, 0, 0], [2], "step.final_index: [2] names slot 2, which was not truncated"),
+    ([0, 0, 1, 0], [0, 0, 1, 0], [2], "step.final_index: [2] names slot 2, which terminated"),
+    ([0, 0, 0, 0], [0, 1, 0, 0], [], "step.final_index: slot 1 was truncated but has no final observation"),
+    ([0, 0, 0, 0], [0, 1, 0, 1], [1], "step.final_index: slot 3 was truncated but has no final observation"),
+    ([0, 0, 0, 0], [0, 1, 0, 0], [1, 1], "step.final_index: [1, 1] names slot 1 twice"),
+    ([0, 0, 0, 0], [1, 1, 0, 0], [1, 0], "step.final_index: [1, 0] is not in ascending slot order"),
+    ([0, 0, 0, 0], [0, 0, 0, 0], [4], "step.final_index: [4] are not env indices in [0, 4)"),
+    ([0, 0, 0, 0], [0, 0, 0, 0], [-1], "step.final_index: [-1] are not env indices in [0, 4)"),
+])
+def test_final_index_that_disagrees_with_the_done_flags_is_refused_by_name(terminated, truncated, final_index,
+                                                                           message):
+    with pytest.raises(CodecError) as err:
+        step_from_proto(_step_message(terminated, truncated, final_index), 4, OBS4)
+    assert str(err.value).startswith(message), str(err.value)

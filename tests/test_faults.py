@@ -6,14 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import lockstep_cmd
+
 from lockstep import audit
 from lockstep.bench.soak import actor_pids, metrics_rows
 

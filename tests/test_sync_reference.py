@@ -33,7 +33,7 @@ class _Thread:
     def _run(self, fn, args) -> None:
         try:
             self.result = fn(*args)
-        except BaseException as err:  # noqa: BLE001 - handed to the test thread
+        except BaseException as err:
             self.error = err
         finally:
             self.done.set()
@@ -95,7 +95,7 @@ def test_registry_names_and_strategies():
         strategy("pipelined", max_lag=0)
     with pytest.raises(ValueError):
         strategy("no-such-sync")
-    pause = lambda: None  # noqa: E731
+    pause = lambda: None
     for name, cls in REFERENCE.items():
         s = strategy(name)
         assert s.max_lag is None and not s.snapshots and s.summary

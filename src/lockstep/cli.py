@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,9 +29,11 @@ TRAINING_FLAGS = [
     ("--listen", "learner.listen", "host:port the learner listens on"),
     ("--min-actors", "learner.min_actors", "actors to wait for before the first phase (0: --actors)"),
     ("--stop-at-return", "run.stop_at_return", "stop once the running mean return reaches this"),
-    ("--sync", "sync.strategy", "synchronization: strict (default), pipelined, spin-flags, spin-redo, reject-retry, seqlock"),
+    ("--sync", "sync.strategy",
+     "synchronization: strict (default), pipelined, spin-flags, spin-redo, reject-retry, seqlock"),
     ("--max-lag", "sync.max_lag", "pipelined: most versions a sample may lag the version that trains on it"),
-    ("--phase-cutoff", "sync.phase_cutoff", "DD-PPO straggler cut-off: close a phase once this fraction of slots is full"),
+    ("--phase-cutoff", "sync.phase_cutoff",
+     "DD-PPO straggler cut-off: close a phase once this fraction of slots is full"),
     ("--min-unroll", "sync.min_unroll", "with --phase-cutoff: fraction of T every other slot must have"),
     ("--checkpoint-every", "run.checkpoint_every", "iterations between periodic checkpoints"),
     ("--checkpoint-minutes", "run.checkpoint_minutes", "minutes between periodic checkpoints"),
@@ -136,7 +136,8 @@ def cmd_actor(args: argparse.Namespace) -> int:
 def cmd_bench_sync(args: argparse.Namespace) -> int:
     from lockstep.bench import sync as bench_sync
 
-    workload = bench_sync.Workload.quick(args.adversarial) if args.quick else bench_sync.Workload(adversarial=args.adversarial)
+    workload = (bench_sync.Workload.quick(args.adversarial) if args.quick
+                else bench_sync.Workload(adversarial=args.adversarial))
     for field_name in ("env", "actors", "envs_per_actor", "steps_per_env", "iterations", "seed", "time_limit_s"):
         value = getattr(args, field_name)
         if value is not None:
@@ -169,8 +170,7 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     for key, value in report.items():
         print(f"{key:<{width}}  {value}")
     print(f"wrote {Path(args.out) / 'soak.json'}")
-    healthy = report["deadlocks"] == 0 and report["off_policy_samples"] == 0 and report["balanced"]
-    return 0 if healthy else 1
+    return 0 if soak.healthy(report) else 1
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("actor", help="run one actor against a learner")
     p.add_argument("--learner", required=True, help="learner address, host:port")
-    p.add_argument("--env", default="CartPole-v1", help="Gymnasium id or package.module:callable (must match the learner's)")
+    p.add_argument("--env", default="CartPole-v1",
+                   help="Gymnasium id or package.module:callable (must match the learner's)")
     p.add_argument("--num-envs", type=int, default=4, help="environments in this actor's vector env")
     p.add_argument("--actor-id", type=int, default=0, help="distinct id per actor (seeds its envs and action noise)")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for each connection")

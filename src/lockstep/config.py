@@ -130,7 +130,8 @@ class Config:
             (self.sync.phase_cutoff is None or 0 < self.sync.phase_cutoff <= 1,
              f"sync.phase_cutoff must be in (0, 1], got {self.sync.phase_cutoff}"),
             (0 <= self.sync.min_unroll <= 1, f"sync.min_unroll must be in [0, 1], got {self.sync.min_unroll}"),
-            (self.sync.max_lag >= 1, f"sync.max_lag must be at least 1 (0 is sync.strategy=strict), got {self.sync.max_lag}"),
+            (self.sync.max_lag >= 1,
+             f"sync.max_lag must be at least 1 (0 is sync.strategy=strict), got {self.sync.max_lag}"),
             (self.model.activation in ("tanh", "relu"),
              f"model.activation must be tanh or relu, got {self.model.activation!r}"),
         ]
@@ -152,7 +153,8 @@ def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
     config = base if base is not None else Config()
     for section, values in (data or {}).items():
         if not hasattr(config, section) or not dataclasses.is_dataclass(getattr(config, section)):
-            raise ConfigError(f"unknown config section {section!r}; sections: {[f.name for f in dataclasses.fields(Config)]}")
+            sections = [f.name for f in dataclasses.fields(Config)]
+            raise ConfigError(f"unknown config section {section!r}; sections: {sections}")
         if not isinstance(values, dict):
             raise ConfigError(f"config section {section!r} must be a mapping, got {values!r}")
         for key, value in values.items():

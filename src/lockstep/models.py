@@ -80,10 +80,11 @@ class ActorCritic(nn.Module):
             return action, logits.gather(-1, action[:, None]).squeeze(-1), value
         u1, u2 = uniform[:, : self.action_dim], uniform[:, self.action_dim:]
         z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)  # Box-Muller: z ~ N(0, 1)
-        std = self.log_std.exp()
-        action = out + std * z
-        logprob = (-0.5 * z.pow(2) - self.log_std - 0.5 * LOG_2PI).sum(-1)
-        return action.reshape(-1, *self.action_shape), logprob, value
+        action = out + self.log_std.exp() * z
+        # The log-prob of the float32 action that is returned and stored, not of z: with a small std
+        # and a large mean the action keeps only part of z's precision, and training and the audit
+        # recompute the log-prob from the stored action (``evaluate``), so the two must be one formula.
+        return action.reshape(-1, *self.action_shape), self._gaussian_logprob(out, action), value
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-prob [B], entropy [B] and value [B] of given actions under the current parameters."""
@@ -96,10 +97,16 @@ class ActorCritic(nn.Module):
             entropy = -(logits.exp() * logits).sum(-1)
             return logprob, entropy, value
         a = action.reshape(action.shape[0], -1)
-        std = self.log_std.exp()
-        logprob = (-0.5 * ((a - out) / std).pow(2) - self.log_std - 0.5 * LOG_2PI).sum(-1)
         entropy = (0.5 + 0.5 * LOG_2PI + self.log_std).sum().expand(a.shape[0])
-        return logprob, entropy, value
+        return self._gaussian_logprob(out, a), entropy, value
+
+    def _gaussian_logprob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Log-density [B] of flat actions [B, d] under N(mean, exp(log_std)^2), summed over dimensions.
+
+        The one formula for the behaviour log-prob (``sample``) and the recomputed one
+        (``evaluate``), so that on the same rows they are bit-identical.
+        """
+        return (-0.5 * ((action - mean) / self.log_std.exp()).pow(2) - self.log_std - 0.5 * LOG_2PI).sum(-1)
 
 
 class RunningMeanStd:

@@ -11,6 +11,8 @@ half-way and resumes it with ``--resume``, and reports:
     actor_restarts         restarts by the train command's supervisor, both runs
     learner_restarts       1 (the resume)
     final_return           mean return of the last 100 episodes
+    exit_code, error       the resumed ``lockstep train``'s exit code, and the error in its summary.json
+    problems, healthy      what makes the soak unhealthy (``problems``), and whether anything does
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lockstep.config import Config, save as save_config
+from lockstep.config import Config
+from lockstep.config import save as save_config
+from lockstep.files import atomic_write
 
 
 @dataclass
@@ -42,7 +46,8 @@ class SoakOptions:
 
 def actor_pids(parent: int) -> list[int]:
     """Actor processes that `lockstep train` (pid ``parent``) spawned, not multiprocessing's resource tracker."""
-    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(parent)], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(parent)], capture_output=True, text=True,
+                         check=False).stdout
     return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
 
 
@@ -125,11 +130,23 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
     current.proc.wait()
     current.log.close()
 
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    report = build_report(run_dir, log_path, minutes=opts.minutes, deadlocks=deadlocks, actor_kills=actor_kills,
+                          learner_restarts=int(learner_killed), exit_code=current.proc.returncode)
+    atomic_write(out / "soak.json", json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def build_report(run_dir: Path, log_path: Path, *, minutes: float, deadlocks: int, actor_kills: int,
+                 learner_restarts: int, exit_code: int | None) -> dict[str, Any]:
+    """The soak report from what the run left behind (``summary.json``, ``metrics.csv``, the log) and
+    what the soak saw (``exit_code``: the last ``lockstep train``'s, None if it never exited).
+
+    Ends with ``problems`` and ``healthy`` (see ``problems``)."""
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     rows = metrics_rows(run_dir)
-    restarts = log_path.read_text().count("restarting actor")
     report = {
-        "minutes": opts.minutes,
+        "minutes": minutes,
         "deadlocks": deadlocks,
         "off_policy_samples": sum(int(r["off_policy_samples"]) for r in rows),
         "transitions_collected": summary.get("transitions_collected"),
@@ -138,12 +155,45 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
         "balanced": bool(summary) and summary["transitions_collected"]
         == summary["transitions_trained"] + summary["dropped_transitions"],
         "actor_kills": actor_kills,
-        "actor_restarts": restarts,
-        "learner_restarts": int(learner_killed),
+        "actor_restarts": log_path.read_text().count("restarting actor") if log_path.exists() else 0,
+        "learner_restarts": learner_restarts,
         "iterations": len(rows),
         "iterations_contiguous": [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1)),
         "final_return": summary.get("episode_return_mean"),
-        "exit_code": current.proc.returncode,
+        "exit_code": exit_code,
+        "summary_found": bool(summary),
+        "error": summary.get("error"),
     }
-    (out / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
+    report["problems"] = problems(report)
+    report["healthy"] = not report["problems"]
     return report
+
+
+def problems(report: dict[str, Any]) -> list[str]:
+    """What makes a soak unhealthy, one line each; empty when it is healthy.
+
+    Unhealthy: a deadlock, an off-policy sample, a transition account that does not balance (or
+    no ``summary.json`` to check it with), a ``lockstep train`` that did not exit 0 (it crashed,
+    was killed, or never finished), or an error recorded in ``summary.json`` (a learner that failed
+    writes its summary and error before it stops).
+    """
+    found = []
+    if report["deadlocks"]:
+        found.append(f"{report['deadlocks']} deadlock(s)")
+    if report["off_policy_samples"]:
+        found.append(f"{report['off_policy_samples']} off-policy sample(s)")
+    if not report["summary_found"]:
+        found.append("no summary.json: the run did not finish, so its transitions cannot be balanced")
+    elif not report["balanced"]:
+        found.append(f"transitions do not balance: collected {report['transitions_collected']} != trained "
+                     f"{report['transitions_trained']} + dropped {report['transitions_dropped']}")
+    if report["exit_code"] != 0:
+        found.append(f"lockstep train exited with {report['exit_code']} (0 expected; see soak.log)")
+    if report.get("error"):
+        found.append(f"the run recorded an error: {report['error']}")
+    return found
+
+
+def healthy(report: dict[str, Any]) -> bool:
+    """True when ``problems(report)`` finds nothing: what ``lockstep bench soak``'s exit code should say."""
+    return not problems(report)

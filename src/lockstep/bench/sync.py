@@ -39,7 +39,7 @@ class Workload:
     inference_threads: int = 2  # adversarial: fewer than actors
 
     @classmethod
-    def quick(cls, adversarial: bool = False) -> "Workload":
+    def quick(cls, adversarial: bool = False) -> Workload:
         return cls(actors=4, envs_per_actor=4, steps_per_env=32, iterations=25, time_limit_s=10.0,
                    adversarial=adversarial)
 
@@ -105,7 +105,7 @@ def markdown(rows: list[dict[str, Any]], workload: Workload) -> str:
             "off-policy samples", "torn reads", "torn reads used", "lag mean", "lag max", "stalls", "final return"]
     keys = KEYS[:12]
     lines = [
-        f"# lockstep bench sync\n",
+        "# lockstep bench sync\n",
         f"{workload.env}, {workload.actors} actors x {workload.envs_per_actor} envs, T = {workload.steps_per_env}, "
         f"{workload.iterations} iterations, seed {workload.seed}, time limit {workload.time_limit_s:g} s per strategy"
         + (f", adversarial (delays up to {workload.jitter_ms:g} ms, {workload.inference_threads} inference threads)"

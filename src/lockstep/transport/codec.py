@@ -56,7 +56,8 @@ def decode(
         raise CodecError(f"{name}: invalid shape {got_shape}")
     if shape is not None:
         expected = tuple(shape)
-        if len(expected) != len(got_shape) or any(e is not None and e != g for e, g in zip(expected, got_shape)):
+        if len(expected) != len(got_shape) or any(
+                e is not None and e != g for e, g in zip(expected, got_shape, strict=True)):
             shown = tuple("*" if e is None else e for e in expected)
             raise CodecError(f"{name}: shape {got_shape} does not match the expected {shown}")
     count = math.prod(got_shape)  # exact: a huge shape must not wrap around to a small count

@@ -84,14 +84,17 @@ def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec, sanitiz
     obs = decode(msg.observation, "step.observation", obs_dtype, (k, *obs_shape))
     final_index = decode(msg.final_index, "step.final_index", np.int64, (None,))
     m = len(final_index)
-    if m and (final_index.min() < 0 or final_index.max() >= k or len(np.unique(final_index)) != m):
-        raise CodecError(f"step.final_index: {final_index.tolist()} are not distinct env indices in [0, {k})")
+    if m and (final_index.min() < 0 or final_index.max() >= k):
+        raise CodecError(f"step.final_index: {final_index.tolist()} are not env indices in [0, {k})")
+    terminated = decode(msg.terminated, "step.terminated", np.bool_, (k,))
+    truncated = decode(msg.truncated, "step.truncated", np.bool_, (k,))
+    _check_final_index(final_index, terminated, truncated)
     episode_return = decode(msg.episode_return, "step.episode_return", np.float64, (None,))
     data = StepData(
         obs=obs,
         reward=decode(msg.reward, "step.reward", np.float32, (k,)),
-        terminated=decode(msg.terminated, "step.terminated", np.bool_, (k,)),
-        truncated=decode(msg.truncated, "step.truncated", np.bool_, (k,)),
+        terminated=terminated,
+        truncated=truncated,
         final_index=final_index,
         final_obs=decode(msg.final_observation, "step.final_observation", obs_dtype, (m, *obs_shape)),
         episode_return=episode_return,
@@ -106,6 +109,40 @@ def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec, sanitiz
                                  "or start the learner with --sanitize to replace them")
             setattr(data, name, np.nan_to_num(value))
     return data
+
+
+def _check_final_index(final_index: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
+    """Refuse a ``final_index`` (already known to hold indices in [0, k)) that is not exactly the
+    ascending list of the slots whose episode was truncated without terminating.
+
+    Those are the episodes whose value the learner bootstraps from their final observation; a
+    terminated episode has no value to bootstrap, and a slot that did not end has no final
+    observation. Anything else would attach an observation to the wrong slot or bootstrap a
+    truncated episode from nothing.
+    """
+    expected = np.flatnonzero(truncated & ~terminated)
+    if np.array_equal(final_index, expected):
+        return
+    shown = final_index.tolist()
+    seen: set[int] = set()
+    for position, slot in enumerate(shown):
+        if slot in seen:
+            raise CodecError(f"step.final_index: {shown} names slot {slot} twice; send one final observation "
+                             "per truncated slot")
+        seen.add(slot)
+        if position and slot < shown[position - 1]:
+            raise CodecError(f"step.final_index: {shown} is not in ascending slot order; list the truncated "
+                             "slots in ascending order, their final observations in the same order")
+        if terminated[slot]:
+            raise CodecError(f"step.final_index: {shown} names slot {slot}, which terminated; a terminated "
+                             "episode has no value to bootstrap, so send no final observation for it")
+        if not truncated[slot]:
+            raise CodecError(f"step.final_index: {shown} names slot {slot}, which was not truncated; send final "
+                             "observations only for slots with truncated set and terminated not set")
+    absent = next(int(slot) for slot in expected if int(slot) not in seen)  # the only difference left
+    raise CodecError(f"step.final_index: slot {absent} was truncated but has no final observation (final_index "
+                     f"{shown}, truncated without terminating: {expected.tolist()}); send the last observation of "
+                     "every truncated episode")
 
 
 _FIELD = {"obs": "observation", "reward": "reward", "final_obs": "final_observation"}

@@ -1,19 +1,7 @@
-"""The audit trail: every training batch and every policy version, so anyone can recompute
-the behaviour log-probs and confirm that a batch is on-policy (``lockstep audit RUN_DIR``).
-
-Format (also written to ``audit/README.md``):
-    policy_vNNNNNN.pt   torch.save of {"version", "model" (state dict), "obs_mean", "obs_var"}
-                        for policy version N (obs_* are None without observation normalization)
-    batch_NNNNNN.npz    iteration N's training batch: obs [T, N, *obs], actions [T, N, *act],
-                        logprobs [T, N], versions [T, N] (the version that produced each action),
-                        lengths [N] (steps of each slot; a slot cut short by the phase cut-off
-                        has fewer than T, and its rows past that hold no sample),
-                        trained_by (the version the update started from), strategy (the sync name)
-"""
+"""Checking the audit trail (``lockstep audit RUN_DIR``): recompute every behaviour log-prob from the
+policy version that produced it, and judge each batch by its synchronization strategy's rules."""
 
 from __future__ import annotations
-
-import contextlib
 
 import sys
 from dataclasses import dataclass, field
@@ -22,51 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lockstep.config import Config, load as load_config, save as save_config
+from lockstep import sync
+from lockstep.config import Config
+from lockstep.config import load as load_config
 from lockstep.envs import EnvSpec, env_spec
 from lockstep.models import ActorCritic, ObsNormalizer
-from lockstep.rollout import Batch
-
-README = __doc__.split("\n\n", 1)[1].replace("Format (also written to ``audit/README.md``):\n", "")
-
-
-class AuditWriter:
-    """Writes the audit trail; each file atomically (a temporary file, then a rename)."""
-
-    def __init__(self, directory: Path, config: Config, fresh: bool = True) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        if fresh:  # a new run in a reused directory must not be audited with an older run's files
-            for old in [*directory.glob("batch_*.npz"), *directory.glob("policy_v*.pt")]:
-                old.unlink()
-        (directory / "README.md").write_text(
-            "# audit\n\nWritten by `lockstep train --audit`; checked by `lockstep audit RUN_DIR`.\n\n```\n"
-            + README.strip("\n") + "\n```\n"
-        )
-        save_config(config, directory / "config.yaml")
-
-    def policy(self, version: int, state_dict: dict, obs_mean: np.ndarray | None, obs_var: np.ndarray | None) -> None:
-        state = {k: v.detach().cpu().clone() for k, v in state_dict.items()}
-        with self._atomic(f"policy_v{version:06d}.pt") as f:
-            torch.save({"version": version, "model": state, "obs_mean": obs_mean, "obs_var": obs_var}, f)
-
-    def batch(self, iteration: int, trained_by: int, strategy: str, batch: Batch) -> None:
-        with self._atomic(f"batch_{iteration:06d}.npz") as f:
-            np.savez_compressed(
-                f, obs=batch.obs, actions=batch.actions, logprobs=batch.logprobs, versions=batch.versions,
-                lengths=batch.lengths, trained_by=np.int64(trained_by), strategy=np.str_(strategy),
-            )
-
-    @contextlib.contextmanager
-    def _atomic(self, name: str):
-        target = self.directory / name
-        tmp = target.with_name(name + ".tmp")
-        with tmp.open("wb") as f:
-            yield f
-        tmp.replace(target)
-
-
-# -- checking (``lockstep audit RUN_DIR``) ------------------------------------------------
 
 
 class AuditError(RuntimeError):
@@ -75,42 +23,79 @@ class AuditError(RuntimeError):
 
 @dataclass
 class IterationAudit:
-    """What recomputing one iteration's behaviour log-probs found."""
+    """What recomputing one iteration's behaviour log-probs found, and the rules it is judged by.
+
+    The rules come from the synchronization registry (``lockstep.sync.strategy``): ``max_lag``
+    bounds trained_by - version for every sample (0 for strict, K for pipelined, None: unbounded),
+    and ``snapshots`` says whether samples were produced by immutable versions (strict, pipelined)
+    or by a model updated in place (the reference strategies).
+    """
 
     iteration: int
     trained_by: int = -1
     strategy: str = ""
+    max_lag: int | None = 0  # the strategy's bound on trained_by - version; None: unbounded
+    snapshots: bool = True  # served by immutable versions, so every sample must recompute exactly
     samples: int = 0
     versions: list[int] = field(default_factory=list)  # distinct version stamps, ascending
     lag_max: int = 0  # trained_by - min(versions)
     off_version: int = 0  # samples whose stamp is not trained_by
+    newer: int = 0  # samples stamped with a version after trained_by: no strategy can produce them
+    over_lag: int = 0  # samples with trained_by - stamp > max_lag
     differing: int = 0  # |recomputed - stored| > tolerance, or no policy file to recompute with
+    mismatched: int = 0  # the part of ``differing`` that was recomputed: |recomputed - stored| > tolerance
     max_abs_diff: float = 0.0  # over the samples that could be recomputed
     missing: dict[int, int] = field(default_factory=dict)  # version without a policy file -> its samples
-    problems: list[str] = field(default_factory=list)  # unreadable or inconsistent files
+    problems: list[str] = field(default_factory=list)  # unreadable or inconsistent files, unknown strategy
 
     @property
-    def strict(self) -> bool:
-        return self.strategy == "strict"
+    def lag_violations(self) -> int:
+        """Samples whose lag is outside [0, max_lag]."""
+        return self.newer + self.over_lag
 
     @property
-    def clean(self) -> bool:
-        return not (self.differing or self.missing or self.problems or (self.strict and self.off_version))
+    def failures(self) -> list[str]:
+        """Why this iteration fails the audit; empty when it passes.
+
+        Every strategy fails on a trail that cannot be checked (an unreadable or inconsistent file,
+        an unknown strategy, a stamped version without its policy file: one is written at every
+        publish) and on a sample stamped with a version newer than the one that trained it.
+        Snapshot strategies (strict, pipelined) also fail on a sample whose log-prob the stamped
+        version does not recompute within the tolerance, or whose lag exceeds ``max_lag``.
+        In-place (reference) strategies do not: a forward pass on a model that the trainer updates
+        in place is not tied to one version, so their differences and their (unbounded) lag are
+        what they are measured on (``lockstep bench sync``), reported here and never a failure.
+        """
+        found = list(self.problems)
+        found += [f"no policy_v{v:06d}.pt for version {v} ({n} samples)" for v, n in self.missing.items()]
+        if self.newer:
+            found.append(f"{self.newer} sample(s) stamped with a version newer than {self.trained_by}, "
+                         "the version that trained them")
+        if self.snapshots and self.mismatched:
+            found.append(f"{self.mismatched} sample(s) whose log-prob the version stamped on them does not "
+                         f"recompute (max |diff| {self.max_abs_diff:.2e})")
+        if self.over_lag and self.max_lag == 0:
+            found.append(f"{self.over_lag} sample(s) not produced by version {self.trained_by}, the version that "
+                         f"trained them ({self.strategy} allows no lag)")
+        elif self.over_lag:
+            found.append(f"{self.over_lag} sample(s) lag the version that trained them by more than max_lag "
+                         f"{self.max_lag} (lag up to {self.lag_max})")
+        return found
 
     @property
     def failed(self) -> bool:
-        """A failure of the audit. Strict: any blemish. Pipelined serves frozen snapshots too, so a
-        log-prob that does not recompute is a failure there, but lag is allowed. Reference strategies
-        update parameters in place: differences are expected and reported, never a failure."""
-        if self.strict:
-            return not self.clean
-        if self.strategy == "pipelined":
-            return bool(self.differing or self.missing or self.problems)
-        return False
+        return bool(self.failures)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing to show: a pass without a single differing sample."""
+        return not self.failures and not self.differing
 
 
 @dataclass
 class AuditReport:
+    """The findings of ``check``: one ``IterationAudit`` per training batch, in iteration order."""
+
     run_dir: Path
     tolerance: float
     iterations: list[IterationAudit]
@@ -137,7 +122,37 @@ class AuditReport:
 
     @property
     def exit_code(self) -> int:
+        """0: PASS; 1: FAIL; 2: nothing checked (no training batch in the trail)."""
+        if not self.iterations:
+            return 2
         return 1 if self.failed else 0
+
+    @property
+    def verdict(self) -> str:
+        """One line that says PASS, FAIL or NOTHING CHECKED, and why; it agrees with ``exit_code``."""
+        if not self.iterations:
+            return "NOTHING CHECKED: audit/ holds no training batch (the run ended before its first iteration)"
+        n = len(self.iterations)
+        bad = [it for it in self.iterations if it.failed]
+        if bad:
+            listed = ", ".join(str(it.iteration) for it in bad[:10]) + (", ..." if len(bad) > 10 else "")
+            return (f"FAIL: {len(bad)} of {n} iteration(s) failed the audit (iterations {listed}); "
+                    f"iteration {bad[0].iteration}: {'; '.join(bad[0].failures)}")
+        parts = []
+        for name in dict.fromkeys(it.strategy for it in self.iterations):  # in order of first use
+            group = [it for it in self.iterations if it.strategy == name]
+            first = group[0]
+            if first.snapshots:
+                lag = ("every sample produced by the version that trained on it" if first.max_lag == 0
+                       else f"every sample within lag {first.max_lag} of the version that trained on it")
+                parts.append(f"{name}: {lag}, every log-prob recomputed within {self.tolerance:g} by the version "
+                             "stamped on it")
+            else:
+                differing = sum(it.differing for it in group)
+                lag_max = max(it.lag_max for it in group)
+                parts.append(f"{name} updates the policy in place: {differing} differing sample(s) and lag up to "
+                             f"{lag_max} reported, not failures")
+        return f"PASS: {n} iteration(s), {self.samples} samples; " + "; ".join(parts)
 
     def iteration(self, number: int) -> IterationAudit:
         return next(it for it in self.iterations if it.iteration == number)
@@ -176,7 +191,7 @@ class _Policies:
             return "missing"
         try:
             state = _load_policy(path)
-        except Exception as err:  # noqa: BLE001 - reported, not raised
+        except Exception as err:  # reported, not raised
             return f"{path.name} is unreadable: {err}"
         if state.get("version") != version:
             return f"{path.name} says it holds version {state.get('version')}"
@@ -194,17 +209,26 @@ class _Policies:
 
 def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec, tolerance: float) -> IterationAudit:
     # until the file says otherwise (an unreadable file never does), the strategy the run was configured with
-    result = IterationAudit(iteration, strategy=policies.config.sync.strategy)
+    configured = policies.config.sync
+    result = IterationAudit(iteration, strategy=configured.strategy)
+    max_lag = configured.max_lag
     try:
         with np.load(path, allow_pickle=False) as data:
             obs, actions = data["obs"], data["actions"]
             stored, stamps = data["logprobs"], data["versions"]
             lengths = data["lengths"] if "lengths" in data.files else np.full(stored.shape[-1], stored.shape[0])
             result.trained_by, result.strategy = int(data["trained_by"]), str(data["strategy"])
-    except Exception as err:  # noqa: BLE001 - a truncated or foreign file is a finding, not a crash
+            if "max_lag" in data.files:  # older trails have only the configured bound
+                max_lag = int(data["max_lag"])
+    except Exception as err:  # a truncated or foreign file is a finding, not a crash
         result.problems.append(f"{path.name} is unreadable: {err}")
         return result
-    act_shape = () if spec.action.kind == "discrete" else tuple(spec.action.shape)
+    try:
+        rules = sync.strategy(result.strategy, max_lag)
+        result.max_lag, result.snapshots = rules.max_lag, rules.snapshots
+    except ValueError as err:  # the samples are still checked, under the strictest rules
+        result.problems.append(f"{path.name} names a strategy the audit cannot judge: {err}")
+    act_shape = spec.action.element_shape
     TN = stored.shape
     if (len(TN) != 2 or stamps.shape != TN or obs.shape != TN + tuple(spec.observation.shape)
             or actions.shape != TN + act_shape):
@@ -219,8 +243,11 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
     result.versions = [int(v) for v in versions]
     if result.samples:
         result.lag_max = result.trained_by - int(versions.min())
-    result.off_version = int(np.count_nonzero(stamps != result.trained_by))
-    action_dtype = torch.int64 if spec.action.kind == "discrete" else torch.float32
+    lag = result.trained_by - stamps.astype(np.int64)
+    result.off_version = int(np.count_nonzero(lag != 0))
+    result.newer = int(np.count_nonzero(lag < 0))
+    if result.max_lag is not None:
+        result.over_lag = int(np.count_nonzero(lag > result.max_lag))
     for v in result.versions:
         rows = stamps == v
         policy = policies.get(v)
@@ -235,13 +262,15 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
         model, normalize = policy
         with torch.inference_mode():
             x = normalize(torch.as_tensor(obs[rows]))
-            a = torch.as_tensor(actions[rows], dtype=action_dtype)
+            a = torch.as_tensor(actions[rows].astype(spec.action.action_dtype, copy=False))
             recomputed = model.evaluate(x, a)[0].numpy()
         want = stored[rows]
         diff = np.abs(recomputed.astype(np.float64) - want.astype(np.float64))
         diff[recomputed == want] = 0.0  # equal infinities
         diff[np.isnan(diff)] = np.inf
-        result.differing += int(np.count_nonzero(diff > tolerance))
+        mismatched = int(np.count_nonzero(diff > tolerance))
+        result.mismatched += mismatched
+        result.differing += mismatched
         result.max_abs_diff = max(result.max_abs_diff, float(diff.max(initial=0.0)))
     policies.keep_only(set(result.versions))
     return result
@@ -258,7 +287,7 @@ def check(run_dir: Path, tolerance: float = 1e-5) -> AuditReport:
         raise AuditError(f"{run_dir} has no audit/ directory: run with lockstep train --audit")
     try:
         config = load_config(directory / "config.yaml")
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         raise AuditError(f"cannot read {directory / 'config.yaml'}: {err}") from err
     spec = env_spec(config.env.id)
     policies = _Policies(directory, config, spec)
@@ -283,62 +312,41 @@ def _versions_text(versions: list[int]) -> str:
 
 
 def _notes(it: IterationAudit) -> str:
-    notes = [f"no policy_v{v:06d}.pt for version {v} ({n} samples)" for v, n in it.missing.items()]
-    notes += it.problems
-    if it.strict and it.off_version:
-        notes.append(f"{it.off_version} samples not produced by version {it.trained_by}")
+    notes = it.failures
+    if not it.snapshots and it.mismatched:
+        notes.append(f"{it.mismatched} differing: expected of in-place updates, not a failure")
     return "; ".join(notes)
 
 
 def format_report(report: AuditReport) -> str:
-    header = ("iter", "trained_by", "strategy", "samples", "versions", "lag_max", "differing", "max|diff|", "notes")
+    """The table of iterations (only those with findings, for long runs), a total and the verdict line."""
+    header = ("iter", "trained_by", "strategy", "samples", "versions", "lag_max", "max_lag", "differing", "max|diff|",
+              "notes")
     shown = report.iterations if len(report.iterations) <= _LONG else [it for it in report.iterations if not it.clean]
     rows = [header] + [
         (str(it.iteration), str(it.trained_by), it.strategy, str(it.samples), _versions_text(it.versions),
-         str(it.lag_max), str(it.differing), f"{it.max_abs_diff:.2e}", _notes(it))
+         str(it.lag_max), "-" if it.max_lag is None else str(it.max_lag), str(it.differing),
+         f"{it.max_abs_diff:.2e}", _notes(it))
         for it in shown
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     lines = [f"audit of {report.run_dir} (tolerance {report.tolerance:g})"]
     for r in rows:
-        lines.append("  ".join(c.rjust(w) if i not in (2, 4) else c.ljust(w)
-                               for i, (c, w) in enumerate(zip(r, widths))) + ("  " + r[-1] if r[-1] else ""))
+        cells = [c.rjust(w) if i not in (2, 4) else c.ljust(w)  # strategy and versions are text: left-aligned
+                 for i, (c, w) in enumerate(zip(r[:-1], widths, strict=True))]
+        lines.append("  ".join(cells) + ("  " + r[-1] if r[-1] else ""))
     hidden = len(report.iterations) - len(shown)
     if hidden:
         lines.append(f"... and {hidden} clean iteration(s) not shown")
     lines.append(f"{len(report.iterations)} iteration(s) checked, {report.samples} samples, "
                  f"{report.differing} differing, {report.off_version} not produced by the version that trained on them")
-    lines.append(_verdict(report))
+    lines.append(report.verdict)
     return "\n".join(lines)
 
 
-def _verdict(report: AuditReport) -> str:
-    if not report.iterations:
-        return "NOTHING CHECKED: audit/ holds no training batch (the run ended before its first iteration)"
-    strict = [it for it in report.iterations if it.strict]
-    other = [it for it in report.iterations if not it.strict]
-    parts = []
-    if strict:
-        bad = [it for it in strict if it.failed]
-        if bad:
-            parts.append(f"FAIL: {len(bad)} of {len(strict)} strict iteration(s) are not on-policy "
-                         f"(iterations {', '.join(str(it.iteration) for it in bad[:10])}"
-                         f"{', ...' if len(bad) > 10 else ''})")
-        else:
-            parts.append(f"OK: all {len(strict)} strict iteration(s) are on-policy: every stored log-prob was "
-                         f"recomputed within {report.tolerance:g} by the version that trained on it")
-    if other:
-        differing = sum(it.differing for it in other)
-        names = ", ".join(sorted({it.strategy for it in other}))
-        parts.append(f"NOTE: {differing} differing sample(s) in {len(other)} iteration(s) trained with {names}, "
-                     "not a failure: the audit fails only strict runs (pipelined samples may lag, and the in-place "
-                     "reference strategies are expected to differ)")
-    return " | ".join(parts)
-
-
 def main(run_dir: str, tolerance: float = 1e-5) -> int:
-    """``lockstep audit RUN_DIR``: print the report; 0 when clean, 1 when a strict run is not on-policy,
-    2 when there is nothing to audit."""
+    """``lockstep audit RUN_DIR``: print the report, ending with its verdict line. Returns the exit code:
+    0 PASS, 1 FAIL (see ``IterationAudit.failures``), 2 nothing to audit (no trail, or no batch in it)."""
     try:
         report = check(Path(run_dir), tolerance)
     except AuditError as err:

@@ -25,6 +25,7 @@ train: install
 	$(VENV)/bin/lockstep train $(TRAIN_ARGS)
 
 test: install
+	$(VENV)/bin/ruff check
 	$(PY) -m pytest -q
 
 # Regenerate the committed gRPC modules after editing the .proto file.

@@ -1,6 +1,8 @@
 """The actor: steps a Gymnasium vector env and lets the learner choose every action.
 
 It imports no torch: Gymnasium, numpy and gRPC only, so it starts fast and stays small.
+It reaches the learner over gRPC (``host:port``) or, on the learner's host, over shared memory
+(``unix:/path``); its loop is the same for both (``Connection.act``, ``LocalConnection.act``).
 """
 
 from __future__ import annotations
@@ -9,27 +11,23 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 
 from lockstep import envs as envs_lib
 from lockstep.backoff import Backoff
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
-from lockstep.transport.client import Connection, LearnerClosed
+from lockstep.transport.client import Connection, LearnerClosed, LearnerRefused
 from lockstep.transport.messages import space_to_proto, step_to_proto
+from lockstep.transport.shm_client import LocalConnection
+from lockstep.transport.shm_layout import is_local
 
 log = logging.getLogger("lockstep.actor")
-
-# Statuses after which reconnecting cannot help: the learner refused this actor.
-FATAL = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-         grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-         grpc.StatusCode.UNIMPLEMENTED}
 
 
 @dataclass
 class ActorOptions:
-    learner: str = "127.0.0.1:50051"
+    learner: str = "127.0.0.1:50051"  # host:port (gRPC) or unix:/path (same host, shared memory)
     env: str = "CartPole-v1"
     num_envs: int = 1
     actor_id: int = 0
@@ -122,8 +120,7 @@ def _run(opts: ActorOptions, vec) -> int:
                          action_space=space_to_proto(act_spec))
         conn = None
         try:
-            conn = Connection(opts.learner, hello, connect_timeout=opts.connect_timeout, token=opts.token,
-                              tls_ca=opts.tls_ca, tls_server_name=opts.tls_server_name)
+            conn = _connect(opts, hello)
             log.info("%s: connected to %s (learner run %s)", name, opts.learner, conn.welcome.learner_run)
             backoff.reset()
             if loop.obs is None:
@@ -131,18 +128,16 @@ def _run(opts: ActorOptions, vec) -> int:
             else:
                 loop.forget_outcome()
             while True:
-                actions, _version = conn.step(loop.message(), loop.dtype, loop.shape)
+                actions, _version = conn.act(loop)
                 loop.step(actions)
         except LearnerClosed:
             log.info("%s: the learner finished training", name)
             return 0
-        except ConnectionError as err:
+        except LearnerRefused as err:
+            log.error("%s: the learner refused this actor: %s", name, err.message)
+            return 2
+        except ConnectionError as err:  # also what a transport makes of a lost learner
             log.warning("%s: %s", name, err)
-        except grpc.RpcError as err:
-            if err.code() in FATAL:
-                log.error("%s: the learner refused this actor: %s", name, err.details())
-                return 2
-            log.warning("%s: lost the learner (%s: %s)", name, err.code().name, err.details())
         finally:
             if conn is not None:
                 conn.close()
@@ -150,6 +145,13 @@ def _run(opts: ActorOptions, vec) -> int:
             log.error("%s: no learner at %s for %.0f s; giving up", name, opts.learner, opts.retry_for_s)
             return 1
         log.info("%s: reconnecting to %s", name, opts.learner)
+
+
+def _connect(opts: ActorOptions, hello: pb.Hello) -> Connection | LocalConnection:
+    if is_local(opts.learner):  # same host: the socket's permissions stand in for a token and TLS
+        return LocalConnection(opts.learner, hello, connect_timeout=opts.connect_timeout)
+    return Connection.open(opts.learner, hello, connect_timeout=opts.connect_timeout, token=opts.token,
+                           tls_ca=opts.tls_ca, tls_server_name=opts.tls_server_name)
 
 
 def process_main(opts: ActorOptions, log_level: int = logging.INFO) -> None:

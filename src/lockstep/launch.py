@@ -112,6 +112,15 @@ class ActorSupervisor:
                 proc.join()
 
 
+def _local_actor_address(config: Config, port: int, local_address: str | None) -> str:
+    """Where ``lockstep train``'s own actors connect: ``learner.transport`` decides, gRPC when there is no choice."""
+    if config.learner.transport == "shm":
+        if local_address:
+            return local_address
+        log.warning("learner.transport is shm, but this host has no same-host transport; local actors use gRPC")
+    return f"127.0.0.1:{port}"
+
+
 def train(config: Config, run_dir: Path, token: str | None = None, resume: bool = False,
           local_actors: bool = True) -> dict[str, Any]:
     """Train to the step budget; every process started here is gone when this returns.
@@ -119,7 +128,8 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     With ``local_actors=False`` (``lockstep learner``) no actor is started: actors connect from
     elsewhere. SIGINT and SIGTERM stop the run in order either way.
     """
-    learner = Learner(config, run_dir, token=token, resume=resume)
+    in_process = local_actors and config.learner.transport == "inprocess"
+    learner = Learner(config, run_dir, token=token, resume=resume, in_process_actors=in_process)
     outcome: dict[str, Any] = {}
 
     def serve() -> None:
@@ -147,26 +157,32 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
         handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         port = learner.wait_ready(timeout=60)
-        if local_actors:
+        if in_process:
+            log.info("run directory %s; %d actor(s) x %d env(s) inside the learner process",
+                     run_dir, config.env.actors, config.env.envs_per_actor)
+        elif local_actors:
+            address = _local_actor_address(config, port, learner.local_address)
             tls = config.learner.tls_cert or None
             supervisor = ActorSupervisor(
-                [ActorOptions(learner=f"127.0.0.1:{port}", env=config.env.id, num_envs=config.env.envs_per_actor,
+                [ActorOptions(learner=address, env=config.env.id, num_envs=config.env.envs_per_actor,
                               actor_id=i, token=token, tls_ca=tls, tls_server_name="localhost" if tls else None)
                  for i in range(config.env.actors)],
                 max_restarts=config.env.actor_restarts)
             supervisor.start()
-            log.info("run directory %s; %d actor(s) x %d env(s) on port %d",
-                     run_dir, config.env.actors, config.env.envs_per_actor, port)
+            log.info("run directory %s; %d actor(s) x %d env(s) at %s",
+                     run_dir, config.env.actors, config.env.envs_per_actor, address)
         else:
             host = config.learner.listen.rsplit(":", 1)[0]
             log.info("run directory %s; start actors with: lockstep actor --learner %s:%d --env %s --actor-id N",
                      run_dir, host, port, config.env.id)
+            if learner.local_address:
+                log.info("actors on this host can use shared memory instead: --learner %s", learner.local_address)
         with Progress(config, enabled=config.run.progress) as progress:
             while thread.is_alive():
                 thread.join(timeout=0.25)
                 progress.update(learner.status)
                 if supervisor is not None:
-                    supervisor.check(training=not learner.finished)
+                    supervisor.check(training=not learner.status.finished)
                     if not learner.status.started and supervisor.all_exited():
                         raise RuntimeError("every actor process exited before training started; see the log above")
     finally:

@@ -1,9 +1,15 @@
-"""The actor's end of the stream: a synchronous, one-request-one-reply connection to the learner."""
+"""The actor's end of the stream: a synchronous, one-request-one-reply connection to the learner.
+
+Also what every actor-side connection (this one, ``shm_client.LocalConnection``) has in common:
+``act(loop) -> (actions, version)`` and the exceptions it raises, so the actor's loop does not
+know which transport it speaks.
+"""
 
 from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from typing import Protocol
 
 import grpc
 import numpy as np
@@ -11,12 +17,48 @@ import numpy as np
 from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, METHOD, security
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import decode
+from lockstep.transport.messages import step_to_proto
 
 _END = object()
+
+# Refusals after which reconnecting cannot help (status names, as in ``protocol.Refused``).
+FATAL_CODES = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "ALREADY_EXISTS", "UNAUTHENTICATED",
+                         "PERMISSION_DENIED", "UNIMPLEMENTED"})
 
 
 class LearnerClosed(Exception):
     """The learner ended the stream normally: training is over."""
+
+
+class LearnerRefused(Exception):
+    """The learner refused this actor for good (``code`` in ``FATAL_CODES``); the actor exits with code 2."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+class StepSource(Protocol):
+    """What a connection sends for one step: the actor's ``EnvLoop``."""
+
+    obs: np.ndarray  # [k, *obs]
+    reward: np.ndarray  # [k] float32
+    terminated: np.ndarray  # [k] bool
+    truncated: np.ndarray  # [k] bool
+    final_index: np.ndarray  # [m] int64
+    final_obs: np.ndarray  # [m, *obs]
+    ep_return: np.ndarray  # [e] float64
+    ep_length: np.ndarray  # [e] int64
+    dtype: np.dtype  # of the actions
+    shape: tuple  # of one action
+
+
+def translate(err: grpc.RpcError) -> Exception:
+    """A gRPC error as the transport-agnostic exception the actor handles: refused for good, or lost."""
+    code = err.code()
+    if code is not None and code.name in FATAL_CODES:
+        return LearnerRefused(code.name, err.details() or "")
+    return ConnectionError(f"lost the learner ({code.name if code is not None else 'no status'}: {err.details()})")
 
 
 class Connection:
@@ -51,10 +93,22 @@ class Connection:
         )
         self._outbox.put(pb.ActorMessage(hello=hello))
         self._call = call(self._requests(), metadata=security.metadata(token), wait_for_ready=True)
-        reply = self._next()
-        if reply.WhichOneof("kind") != "welcome":
-            raise ConnectionError(f"the learner answered the hello with {reply.WhichOneof('kind')}, not a welcome")
+        try:
+            reply = self._next()
+            if reply.WhichOneof("kind") != "welcome":
+                raise ConnectionError(f"the learner answered the hello with {reply.WhichOneof('kind')}, not a welcome")
+        except BaseException:
+            self.close()  # a refused hello: nothing else would close the channel
+            raise
         self.welcome: pb.Welcome = reply.welcome
+
+    @classmethod
+    def open(cls, address: str, hello: pb.Hello, connect_timeout: float = 30.0, **kwargs) -> Connection:
+        """Connect as the actor does: a refused hello raises ``LearnerRefused`` or ``ConnectionError``."""
+        try:
+            return cls(address, hello, connect_timeout, **kwargs)
+        except grpc.RpcError as err:
+            raise translate(err) from err
 
     def _requests(self) -> Iterator[pb.ActorMessage]:
         while True:
@@ -86,6 +140,15 @@ class Connection:
             self.retries += 1
         actions = decode(reply.action.action, "action", action_dtype, (None, *action_shape))
         return actions, int(reply.action.policy_version)
+
+    def act(self, loop: StepSource) -> tuple[np.ndarray, int]:
+        """``step`` for the actor's loop: raises ``LearnerClosed``, ``LearnerRefused`` or ``ConnectionError``."""
+        message = step_to_proto(loop.obs, loop.reward, loop.terminated, loop.truncated, loop.final_index,
+                                loop.final_obs, loop.ep_return, loop.ep_length)
+        try:
+            return self.step(message, loop.dtype, loop.shape)
+        except grpc.RpcError as err:
+            raise translate(err) from err
 
     def close(self) -> None:
         self._outbox.put(_END)

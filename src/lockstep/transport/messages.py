@@ -56,7 +56,11 @@ def hello_from_proto(msg: pb.Hello) -> HelloInfo:
 
 @dataclass
 class StepData:
-    """One actor step, decoded and checked against the actor's spec. Arrays are read-only views."""
+    """One actor step, checked against the actor's spec (``check_step``).
+
+    Over gRPC the arrays are read-only views of the message's bytes; over shared memory they are
+    copies taken out of the actor's region before the check, so the actor cannot change them after it.
+    """
 
     obs: np.ndarray  # [k, *obs]
     reward: np.ndarray  # [k] float32
@@ -78,17 +82,12 @@ def step_to_proto(obs, reward, terminated, truncated, final_index, final_obs,
 
 
 def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec, sanitize: bool = False) -> StepData:
-    """Decode and validate a Step. Non-finite observations or rewards are an error, or,
-    with ``sanitize``, replaced (NaN by 0, infinities by the dtype's extremes)."""
+    """Decode a Step message and validate it with ``check_step``."""
     k, obs_shape, obs_dtype = num_envs, observation.shape, observation.dtype
     obs = decode(msg.observation, "step.observation", obs_dtype, (k, *obs_shape))
     final_index = decode(msg.final_index, "step.final_index", np.int64, (None,))
-    m = len(final_index)
-    if m and (final_index.min() < 0 or final_index.max() >= k):
-        raise CodecError(f"step.final_index: {final_index.tolist()} are not env indices in [0, {k})")
     terminated = decode(msg.terminated, "step.terminated", np.bool_, (k,))
     truncated = decode(msg.truncated, "step.truncated", np.bool_, (k,))
-    _check_final_index(final_index, terminated, truncated)
     episode_return = decode(msg.episode_return, "step.episode_return", np.float64, (None,))
     data = StepData(
         obs=obs,
@@ -96,19 +95,65 @@ def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec, sanitiz
         terminated=terminated,
         truncated=truncated,
         final_index=final_index,
-        final_obs=decode(msg.final_observation, "step.final_observation", obs_dtype, (m, *obs_shape)),
+        final_obs=decode(msg.final_observation, "step.final_observation", obs_dtype, (len(final_index), *obs_shape)),
         episode_return=episode_return,
         episode_length=decode(msg.episode_length, "step.episode_length", np.int64, (len(episode_return),)),
     )
+    return check_step(data, num_envs, observation, sanitize)
+
+
+def check_step(data: StepData, num_envs: int, observation: SpaceSpec, sanitize: bool = False) -> StepData:
+    """Validate one step's arrays, whatever transport carried them; raise ``CodecError`` naming the field.
+
+    Checks every array's dtype and shape against the actor's ``num_envs`` and observation space,
+    reads the done flags by value (any non-zero byte is true), checks ``final_index`` against them,
+    that no more episodes finished than there are envs (one per env and step at most), and that
+    observations, rewards and final observations are finite. With ``sanitize`` non-finite values
+    are replaced instead (NaN by 0, infinities by the dtype's extremes) in the returned data.
+    """
+    # Per message on the learner: dtypes compared as dtype objects and shapes as tuples, cheap in the common case.
+    k, obs_shape, obs_dtype = num_envs, observation.shape, np.dtype(observation.dtype)
+    _expect(data.obs, "step.observation", obs_dtype, (k, *obs_shape))
+    _expect(data.reward, "step.reward", _FLOAT32, (k,))
+    _expect(data.terminated, "step.terminated", _BOOL, (k,))
+    _expect(data.truncated, "step.truncated", _BOOL, (k,))
+    # A bool is one byte; a peer may send bytes other than 0 and 1, on which numpy's bool logic is undefined.
+    data.terminated, data.truncated = data.terminated.view(np.uint8) != 0, data.truncated.view(np.uint8) != 0
+    final_index = data.final_index
+    _expect(final_index, "step.final_index", _INT64, (None,))
+    m = len(final_index)
+    if m and (final_index.min() < 0 or final_index.max() >= k):
+        raise CodecError(f"step.final_index: {final_index.tolist()} are not env indices in [0, {k})")
+    _check_final_index(final_index, data.terminated, data.truncated)
+    _expect(data.final_obs, "step.final_observation", obs_dtype, (m, *obs_shape))
+    _expect(data.episode_return, "step.episode_return", _FLOAT64, (None,))
+    e = len(data.episode_return)
+    _expect(data.episode_length, "step.episode_length", _INT64, (e,))
+    if e > k:
+        raise CodecError(f"step.episode_return: {e} finished episodes in one step of {k} env(s); an env finishes "
+                         "at most one episode per step, so report each finished episode once")
     for name in ("obs", "reward", "final_obs"):
         value = getattr(data, name)
-        if value.dtype.kind == "f" and not np.isfinite(value).all():
+        if value.dtype.kind == "f" and value.size and not np.isfinite(value).all():
             if not sanitize:
                 bad = int(value.size - np.isfinite(value).sum())
                 raise CodecError(f"step.{_FIELD[name]}: {bad} non-finite value(s) (NaN or inf); fix the environment, "
                                  "or start the learner with --sanitize to replace them")
             setattr(data, name, np.nan_to_num(value))
     return data
+
+
+_FLOAT32, _FLOAT64, _INT64, _BOOL = (np.dtype(t) for t in (np.float32, np.float64, np.int64, np.bool_))
+
+
+def _expect(array: np.ndarray, name: str, dtype: np.dtype, shape: tuple) -> None:
+    """The checks ``codec.decode`` makes of a tensor, for an array that arrived some other way."""
+    if array.dtype != dtype:
+        raise CodecError(f"{name}: dtype {array.dtype.name} does not match the expected {dtype.name}")
+    if array.shape != shape and (len(shape) != array.ndim or any(
+            e is not None and e != g for e, g in zip(shape, array.shape))):
+        shown = tuple("*" if e is None else e for e in shape)
+        raise CodecError(f"{name}: shape {array.shape} does not match the expected {shown}")
 
 
 def _check_final_index(final_index: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
@@ -121,7 +166,7 @@ def _check_final_index(final_index: np.ndarray, terminated: np.ndarray, truncate
     truncated episode from nothing.
     """
     expected = np.flatnonzero(truncated & ~terminated)
-    if np.array_equal(final_index, expected):
+    if len(expected) == len(final_index) and (not len(expected) or (expected == final_index).all()):
         return
     shown = final_index.tolist()
     seen: set[int] = set()

@@ -56,6 +56,12 @@ class InferenceBackend(Protocol):
                     counters: np.ndarray) -> InferenceResult | None:
         """Actions for one actor's request; None means "no action, send the step again"."""
 
+    def join(self, member: int, num_envs: int) -> None:
+        """An actor with ``num_envs`` slots connected; called before any of its requests."""
+
+    def leave(self, member: int) -> None:
+        """The actor's connection ended."""
+
     def train(self, update: Callable[[], T]) -> T:
         """Run one PPO update (``update``) under the backend's guard and return its result."""
 
@@ -70,7 +76,11 @@ class InferenceBackend(Protocol):
 
 
 class SnapshotBackend:
-    """Immutable snapshots behind the batcher: no torn reads, no lock on the inference path."""
+    """Immutable snapshots behind the batcher: no torn reads, no lock on the inference path.
+
+    Every connected actor's slots have fixed rows in the batcher's forward passes (``join`` places
+    them, actors in id order), so a slot's numbers do not depend on which requests share a pass.
+    """
 
     def __init__(self, trainer: Trainer, config: Config, expected: Callable[[], int], jitter: Jitter,
                  audit: AuditWriter | None, reference: ReferenceSync | None = None) -> None:
@@ -85,11 +95,17 @@ class SnapshotBackend:
             self._audit.policy(snapshot.version, snapshot.model.state_dict(), snapshot.obs_mean, snapshot.obs_var)
         return snapshot
 
+    def join(self, member: int, num_envs: int) -> None:
+        self.batcher.place(member, num_envs)
+
+    def leave(self, member: int) -> None:
+        self.batcher.remove(member)
+
     async def infer(self, member, obs, keys, counters):
         delay = self._jitter.seconds()
         if delay:
             await asyncio.sleep(delay)
-        return await self.batcher.infer(obs, keys, counters)
+        return await self.batcher.infer(obs, keys, counters, member=member)
 
     def train(self, update):
         return update()
@@ -140,6 +156,12 @@ class InPlaceBackend:
         self._stats = InferenceStats()
         self._lock = threading.Lock()
         self.publish()
+
+    def join(self, member: int, num_envs: int) -> None:
+        pass  # every request is its own pass: its shape is its actor's slot count already
+
+    def leave(self, member: int) -> None:
+        pass
 
     async def infer(self, member, obs, keys, counters):
         delay = self._jitter.seconds()

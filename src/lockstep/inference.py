@@ -6,9 +6,10 @@ Nothing mutates it after construction: the trainer builds version k+1 from its
 own copy and the learner swaps one reference, so a forward pass can never see
 parameters of two versions.
 
-The ``Batcher`` lives on the gRPC server's event loop. Requests wait until the
+The ``Batcher`` lives on the server's event loop. Requests wait until the
 batch holds every request that is expected soon, or ``max_batch`` observations,
-or ``max_wait`` has passed; then one forward pass answers them all.
+or ``max_wait`` has passed; then forward passes of a fixed, slot-ordered shape
+answer them all, so a slot's numbers never depend on what shared its pass.
 """
 
 from __future__ import annotations
@@ -72,14 +73,80 @@ class InferenceResult:
 
 @dataclass
 class _Pending:
-    obs: np.ndarray
-    keys: np.ndarray
-    counters: np.ndarray
+    obs: np.ndarray  # [k, *obs]
+    keys: np.ndarray  # [k] uint64
+    counters: np.ndarray  # [k] uint64
     future: asyncio.Future
+    member: int | None = None
+
+
+class _Layout:
+    """Fixed rows for every placed member: members in id order, each member's slots in env order.
+
+    ``obs`` [R, *obs] and ``uniform`` [R, w] hold the input of every row, R being the placed slots.
+    Rows nobody asked for in a flush keep what they last held (finite observations and noise in
+    (0, 1)), so the pass over them is valid and its results for them are discarded.
+    """
+
+    def __init__(self, placed: dict[int, int], block_rows: int, obs: np.ndarray, width: int) -> None:
+        self.rows = dict(sorted(placed.items()))  # member -> slots
+        self.offsets: dict[int, int] = {}  # member -> its first row
+        total = 0
+        for member, rows in self.rows.items():
+            self.offsets[member] = total
+            total += rows
+        self.total = total
+        self.block_rows = block_rows
+        self.width = width
+        self.obs = _aligned_zeros((total, *obs.shape[1:]), obs.dtype)  # [R, *obs], the pass reads it in place
+        self.uniform = np.full((total, width), 0.5)  # [R, w] float64, like noise.uniform (the pass converts it)
+
+    def fits(self, p: _Pending, width: int) -> bool:
+        """``p`` can use its member's rows: the member is placed with this many slots, same observation layout."""
+        return (p.member in self.rows and len(p.obs) == self.rows[p.member] and width == self.width
+                and p.obs.shape[1:] == self.obs.shape[1:] and p.obs.dtype == self.obs.dtype)
+
+    def blocks(self, first: int, end: int) -> range:
+        """Indices of the blocks that rows [first, end) touch."""
+        return range(first // self.block_rows, (end - 1) // self.block_rows + 1)
+
+    def block(self, b: int) -> tuple[int, int]:
+        return b * self.block_rows, min(self.total, (b + 1) * self.block_rows)
+
+
+Outputs = tuple[np.ndarray, np.ndarray, np.ndarray]  # actions [n, *act], log-probs [n], values [n]
+
+
+def _aligned_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros in memory from torch's allocator (64-byte aligned), so that each block's input starts at
+    the same alignment in every run: a kernel could, in principle, round by alignment (not observed)."""
+    try:
+        return torch.zeros(shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype).numpy()
+    except TypeError:  # a dtype torch does not have
+        return np.zeros(shape, dtype)
 
 
 class Batcher:
-    """Concatenate pending requests, run one forward pass on the current snapshot, split the replies."""
+    """Collect pending requests, run forward passes on the current snapshot, return each request its rows.
+
+    Flush rules: a flush happens when the pending requests number ``expected()`` (every request
+    expected soon), when they hold ``max_batch`` observations, or ``max_wait`` after the first.
+
+    Fixed layout (reproducibility). Float results of a row can depend on the shape of the pass
+    and on the row's position in it (kernel blocking, remainder rows), though not on the other
+    rows' values. So every placed member (``place``: the snapshot backend places each connected
+    actor when it joins) owns fixed rows of one buffer of all placed slots, members in id order,
+    and the buffer is cut into fixed blocks of at most ``max_batch`` rows. A flush copies the
+    pending requests' observations and noise into their rows and runs one pass per block that
+    holds a pending row, always over the whole block. Invariant: a slot's action, log-prob and
+    value depend only on its observation, its noise, the snapshot and the layout (the set of
+    placed members and their slot counts), never on which requests share the flush, their
+    order or their rows' contents. The layout changes only when members are placed or removed.
+
+    A request of a member that is not placed, or that does not match its placement (a replaced
+    connection's last request, another slot count), is served by a separate pass over the
+    concatenation of such requests in arrival order; its numbers may depend on what shares it.
+    """
 
     def __init__(self, snapshot: Callable[[], PolicySnapshot], max_batch: int, max_wait_s: float,
                  expected: Callable[[], int]) -> None:
@@ -90,14 +157,29 @@ class Batcher:
         self._pending: list[_Pending] = []
         self._pending_rows = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._placed: dict[int, int] = {}  # member -> slots
+        self._layout: _Layout | None = None  # built at the first flush after the placements changed
         self.forward_passes = 0
-        self.rows_inferred = 0
+        self.rows_inferred = 0  # rows answered (a fixed-layout pass may compute more)
         self.busy_s = 0.0
 
-    async def infer(self, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray) -> InferenceResult:
+    def place(self, member: int, rows: int) -> None:
+        """Give ``member`` ``rows`` fixed rows (an actor joined); the rows of members after it move."""
+        if self._placed.get(member) != rows:
+            self._placed[member] = rows
+            self._layout = None
+
+    def remove(self, member: int) -> None:
+        """Free ``member``'s rows (an actor left)."""
+        if self._placed.pop(member, None) is not None:
+            self._layout = None
+
+    async def infer(self, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray,
+                    member: int | None = None) -> InferenceResult:
+        """Actions for one request: obs [k, *obs], keys and counters [k]; ``member``: whose rows it uses."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._pending.append(_Pending(obs, keys, counters, future))
+        self._pending.append(_Pending(obs, keys, counters, future, member))
         self._pending_rows += len(obs)
         if self._pending_rows >= self.max_batch or len(self._pending) >= self._expected():
             self.flush()
@@ -116,21 +198,92 @@ class Batcher:
         start = time.perf_counter()
         snapshot = self._snapshot()
         try:
-            obs = np.concatenate([p.obs for p in pending])  # also makes message bytes writable for torch
-            keys = np.concatenate([p.keys for p in pending])
-            counters = np.concatenate([p.counters for p in pending])
-            actions, logprobs, values = snapshot.act(obs, noise.uniform(keys, counters, snapshot.model.noise_width))
+            width = snapshot.model.noise_width
+            placed, loose = self._assign(pending, width)
+            answers, passes = self._fixed_passes(snapshot, placed) if placed else ({}, 0)
+            if loose:
+                answers.update(self._loose_pass(snapshot, loose))
+                passes += 1
         except Exception as err:  # a failed forward pass fails its requests, not the server
             for p in pending:
                 p.future.set_exception(err)
             return
         finally:
             self.busy_s += time.perf_counter() - start
-        self.forward_passes += 1
-        self.rows_inferred += len(obs)
-        offset = 0
+        self.forward_passes += passes
+        self.rows_inferred += sum(len(p.obs) for p in pending)
         for p in pending:
+            actions, logprobs, values = answers[id(p)]
+            p.future.set_result(InferenceResult(actions, logprobs, values, snapshot.version))
+
+    def _assign(self, pending: list[_Pending], width: int) -> tuple[list[tuple[_Pending, int]], list[_Pending]]:
+        """Split ``pending`` into (request, first row) pairs on the fixed layout and the loose rest."""
+        layout = self._layout
+        placed: list[tuple[_Pending, int]] = []
+        loose: list[_Pending] = []
+        taken: set[int] = set()
+        for p in pending:
+            if p.member is None or p.member not in self._placed or p.member in taken:
+                loose.append(p)
+                continue
+            if layout is None or layout.width != width:
+                layout = self._layout = _Layout(self._placed, max(1, self.max_batch), p.obs, width)
+            if layout.fits(p, width):
+                placed.append((p, layout.offsets[p.member]))
+                taken.add(p.member)
+            else:
+                loose.append(p)
+        return placed, loose
+
+    def _fixed_passes(self, snapshot: PolicySnapshot, placed: list[tuple[_Pending, int]]
+                      ) -> tuple[dict[int, Outputs], int]:
+        """Fill the placed requests' rows, run each block they touch whole, cut out each request's rows."""
+        layout = self._layout
+        placed.sort(key=lambda e: e[1])  # layout order
+        keys = np.concatenate([p.keys for p, _ in placed])
+        counters = np.concatenate([p.counters for p, _ in placed])
+        uniform = noise.uniform(keys, counters, layout.width)  # [n, w]
+        if len(keys) == layout.total:
+            # Every row was asked for (the usual strict flush): the requests in layout order are the
+            # layout's input, row for row, written in one concatenation.
+            obs = np.concatenate([p.obs for p, _ in placed], out=layout.obs)  # [R, *obs]
+            used = range(len(layout.blocks(0, layout.total)))
+        else:  # the others' rows keep what they held: valid input whose results nobody takes
+            obs, uniform_rows, uniform = layout.obs, uniform, layout.uniform
+            used = set()
+            i = 0
+            for p, first in placed:
+                k = len(p.obs)
+                obs[first:first + k] = p.obs
+                uniform[first:first + k] = uniform_rows[i:i + k]
+                used.update(layout.blocks(first, first + k))
+                i += k
+        outputs: dict[int, tuple[int, Outputs]] = {}  # block -> (its first row, its outputs)
+        for b in sorted(used):
+            lo, hi = layout.block(b)
+            outputs[b] = lo, snapshot.act(obs[lo:hi], uniform[lo:hi])  # always the whole block
+        answers: dict[int, Outputs] = {}
+        for p, first in placed:
+            end = first + len(p.obs)
+            cut = []  # the request's rows of each block it spans (one block unless the layout exceeds max_batch)
+            for b in layout.blocks(first, end):
+                lo, (actions, logprobs, values) = outputs[b]
+                a, z = max(first, lo) - lo, end - lo
+                cut.append((actions[a:z], logprobs[a:z], values[a:z]))
+            answers[id(p)] = cut[0] if len(cut) == 1 else tuple(np.concatenate(c) for c in zip(*cut))
+        return answers, len(used)
+
+    @staticmethod
+    def _loose_pass(snapshot: PolicySnapshot, loose: list[_Pending]) -> dict[int, Outputs]:
+        """One pass over the concatenated requests, in arrival order (shape-dependent numbers)."""
+        obs = np.concatenate([p.obs for p in loose])  # also makes message bytes writable for torch
+        keys = np.concatenate([p.keys for p in loose])
+        counters = np.concatenate([p.counters for p in loose])
+        actions, logprobs, values = snapshot.act(obs, noise.uniform(keys, counters, snapshot.model.noise_width))
+        answers: dict[int, Outputs] = {}
+        offset = 0
+        for p in loose:
             n = len(p.obs)
-            p.future.set_result(InferenceResult(actions[offset:offset + n], logprobs[offset:offset + n],
-                                                values[offset:offset + n], snapshot.version))
+            answers[id(p)] = (actions[offset:offset + n], logprobs[offset:offset + n], values[offset:offset + n])
             offset += n
+        return answers

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import json
 import math
 import threading
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,28 @@ COLUMNS = [
 ]
 
 
+Key = tuple[int, ...]  # where an episode stands in the order of episodes: (step counter, actor id, index)
+LAST = 100  # episodes behind episode_return_mean and episode_length_mean
+
+
 class EpisodeTracker:
-    """Finished episodes from every actor; thread-safe.
+    """Finished episodes from every actor, in an order that does not depend on timing; thread-safe.
+
+    Order. Messages, and the episodes they report, arrive in an order that depends on timing. So
+    each ``add`` carries a sort key (the learner's: (step counter, actor id)), its i-th episode is
+    ordered by (*key, i), and ``add`` only queues episodes: whenever statistics are read (``stats``,
+    ``running_mean``, ``reached``, ``state_dict``) the queue is merged, in key order, into the kept
+    episodes. Invariants:
+
+    * the windows (the last ``LAST`` episodes, the last ``window``) are the episodes with the largest
+      keys of all added, in key order: a function of the set of (key, return, length) added, whatever
+      the order of the ``add`` calls and whenever statistics were read;
+    * ``first_reached`` is checked episode by episode as the queue is merged, in key order, so which
+      episode first crosses a threshold is reproducible wherever the reads happen at points where
+      the set of added episodes is fixed. The strict learner reads after training and before it
+      publishes the next version, while every actor is held, so there it is. The recorded
+      ``env_steps`` (transitions collected by all actors when that episode's message arrived) and
+      ``wall_s`` are *not* reproducible: they depend on how far the other actors had got by then.
 
     The *running mean* is the mean return of the last ``window`` episodes, defined only once
     ``window`` episodes have finished. It is the one quantity behind both "reached a target"
@@ -36,65 +56,96 @@ class EpisodeTracker:
 
     def __init__(self, thresholds: list[float], window: int = 20) -> None:
         self._lock = threading.Lock()
-        self._returns: deque[float] = deque(maxlen=100)
-        self._lengths: deque[int] = deque(maxlen=100)
-        self._recent: deque[float] = deque(maxlen=window)
         self.window = window
-        self.count = 0
+        self._keep = max(LAST, window)
+        self._kept: list[tuple[Key, float, int]] = []  # (key, return, length), key order, the last _keep
+        self._queue: list[tuple[Key, float, int, int, float]] = []  # (key, return, length, env_steps, wall_s)
+        self._calls = 0  # the key of a call without one: arrival order
+        self.count = 0  # episodes merged
         self.first_reached: dict[str, dict[str, float] | None] = {_key(t): None for t in thresholds}
         self._thresholds = sorted(thresholds)
 
-    def add(self, returns: np.ndarray, lengths: np.ndarray, env_steps: int, wall_s: float) -> None:
+    def add(self, returns: np.ndarray, lengths: np.ndarray, env_steps: int, wall_s: float,
+            key: Key | None = None) -> None:
+        """Queue one message's finished episodes: returns [e], lengths [e] (in env order).
+
+        ``key``: their place in the order; None orders by the calls (arrival order, fine in one process).
+        ``env_steps`` and ``wall_s`` are what ``first_reached`` records if one of them crosses a threshold.
+        """
         if not len(returns):
             return
         with self._lock:
-            for r, n in zip(returns.tolist(), lengths.tolist(), strict=True):
-                self._returns.append(r)
-                self._lengths.append(n)
-                self._recent.append(r)
-                self.count += 1
+            base = (self._calls,) if key is None else tuple(int(k) for k in key)
+            self._calls += 1
+            for i, (r, n) in enumerate(zip(returns.tolist(), lengths.tolist(), strict=True)):
+                self._queue.append(((*base, i), r, n, env_steps, wall_s))
+
+    def _merge(self) -> None:
+        """Move the queue into the kept episodes in key order, checking the thresholds after each (lock held)."""
+        if not self._queue:
+            return
+        queue, self._queue = sorted(self._queue, key=lambda e: e[0]), []
+        kept = self._kept
+        for key, r, n, env_steps, wall_s in queue:
+            if kept and key < kept[-1][0]:  # only when a read came before an earlier key's message
+                bisect.insort(kept, (key, r, n), key=lambda e: e[0])
+            else:
+                kept.append((key, r, n))
+            self.count += 1
+            if any(self.first_reached[_key(t)] is None for t in self._thresholds):
                 mean = self._running_mean()
                 for t in self._thresholds:
                     if mean >= t and self.first_reached[_key(t)] is None:  # NaN (a partial window) never is
                         self.first_reached[_key(t)] = {"env_steps": env_steps, "wall_s": round(wall_s, 3)}
+        del kept[:-self._keep]
 
     def running_mean(self) -> float:
-        """Mean return of the last ``window`` episodes; NaN while fewer than ``window`` have finished."""
+        """Mean return of the last ``window`` episodes in key order; NaN while fewer than ``window`` have finished."""
         with self._lock:
+            self._merge()
             return self._running_mean()
 
     def reached(self, target: float) -> bool:
-        """True when a full window of episodes has a mean return of at least ``target``."""
+        """True when a full window of episodes (the same ordered window) has a mean return of at least ``target``."""
         return self.running_mean() >= target
 
     def _running_mean(self) -> float:
-        if len(self._recent) < self.window:
+        if len(self._kept) < self.window:
             return math.nan
-        return sum(self._recent) / self.window
+        return sum(r for _, r, _ in self._kept[-self.window:]) / self.window  # summed in key order
 
     def state_dict(self) -> dict:
         with self._lock:
-            return {"returns": list(self._returns), "lengths": list(self._lengths), "recent": list(self._recent),
+            self._merge()
+            kept = self._kept
+            return {"returns": [r for _, r, _ in kept], "lengths": [n for _, _, n in kept],
+                    "keys": [list(k) for k, _, _ in kept], "recent": [r for _, r, _ in kept[-self.window:]],
                     "count": self.count, "first_reached": dict(self.first_reached)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``; a state without keys keeps its order, before every new episode."""
+        returns, lengths = list(state["returns"]), list(state["lengths"])
+        keys = [tuple(k) for k in state["keys"]] if "keys" in state else [(-1, i) for i in range(len(returns))]
         with self._lock:
-            self._returns.extend(state["returns"])
-            self._lengths.extend(state["lengths"])
-            self._recent.extend(state["recent"])
+            self._merge()
+            self._kept = sorted(self._kept + list(zip(keys, returns, lengths)), key=lambda e: e[0])
+            del self._kept[:-self._keep]
             self.count = state["count"]
             self.first_reached.update(state["first_reached"])
 
     def stats(self) -> dict[str, float]:
-        """The metrics.csv columns. ``episode_return_mean20`` is the mean of the last ``window`` (20)
-        episodes, or of all of them while there are fewer: a curve from the first episode on. It is
-        not the running mean that ``reached`` and ``first_reached`` use, which waits for a full window."""
+        """The metrics.csv columns, over the ordered windows. ``episode_return_mean20`` is the mean of the
+        last ``window`` (20) episodes, or of all of them while there are fewer: a curve from the first
+        episode on. It is not the running mean that ``reached`` and ``first_reached`` use, which waits
+        for a full window."""
         with self._lock:
+            self._merge()
+            last = self._kept[-LAST:]
             return {
                 "episodes": self.count,
-                "episode_return_mean": _mean(self._returns),
-                "episode_return_mean20": _mean(self._recent),
-                "episode_length_mean": _mean(self._lengths),
+                "episode_return_mean": _mean([r for _, r, _ in last]),
+                "episode_return_mean20": _mean([r for _, r, _ in self._kept[-self.window:]]),
+                "episode_length_mean": _mean([n for _, _, n in last]),
             }
 
 

@@ -92,6 +92,9 @@ class Sessions:
                         "unroll dropped", hello.actor_id, hello.run_id[:8], old.run_id[:8], dropped)
         session = Session(self, hello)
         self._live[hello.actor_id] = session
+        # the backend learns the actor's slots before the gate can admit anything: a join that starts
+        # the first phase releases requests, and their first pass must already have the full layout
+        self.backend.join(hello.actor_id, hello.num_envs)
         self.gate.join(hello.actor_id, weight=hello.num_envs)
         if not self.clock.started and self.gate.started:  # the first phase starts: training time counts from here
             self.clock.start()
@@ -104,6 +107,7 @@ class Sessions:
         if self._live.get(session.member) is not session:
             return 0
         del self._live[session.member]
+        self.backend.leave(session.member)
         self._retired_runs.add(session.run_id)
         _, closed = self.gate.leave(session.member)
         dropped = session.drop_unfinished()
@@ -207,8 +211,11 @@ class Session:
                                        data.final_index, data.final_obs)
         if self.counter > self.first_counter:
             sessions.counters.collected_steps += self.num_envs
+        # Key (step counter, actor id): the order a single process stepping every slot would see, whatever
+        # order the messages arrive in. self.counter is the number of this actor's requests admitted so
+        # far, so this message's episodes ended in the step with counter self.counter - 1.
         sessions.episodes.add(data.episode_return, data.episode_length, sessions.counters.collected_steps,
-                              sessions.clock.wall_s)
+                              sessions.clock.wall_s, key=(self.counter, self.member))
 
         loop = asyncio.get_running_loop()
         future = loop.create_future()

@@ -6,7 +6,8 @@ PIP    := $(PY) -m pip
 # A CPU build of torch from a local wheel folder (pip's find-links) when there is one;
 # otherwise the range from pyproject.toml, which pip resolves from the index.
 TORCH_WHEEL := $(firstword $(wildcard $(PIP_FIND_LINKS)/torch-*+cpu-cp3*.whl))
-TRAIN_ARGS ?= --config configs/cartpole.yaml
+# Empty: lockstep train's default, the cartpole-fast preset; e.g. TRAIN_ARGS="--config cartpole-cleanrl".
+TRAIN_ARGS ?=
 
 .PHONY: install train test proto clean
 

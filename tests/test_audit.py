@@ -46,7 +46,8 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory) -> Path:
     """Strict CartPole, 2 actors x 2 envs x 128 steps: 4 iterations of 512 samples."""
-    return _train("configs/cartpole.yaml", tmp_path_factory.mktemp("cartpole") / "run", **{"ppo.total_steps": 2048})
+    return _train("configs/cartpole-cleanrl.yaml", tmp_path_factory.mktemp("cartpole") / "run",
+                  **{"ppo.total_steps": 2048})
 
 
 def test_strict_run_is_on_policy_in_every_iteration(cartpole_run, capsys):

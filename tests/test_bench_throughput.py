@@ -58,13 +58,14 @@ def test_baseline_learns_cartpole():
 
 
 @pytest.mark.slow
-def test_quick_throughput_writes_a_row_per_mode(tmp_path):
+def test_quick_throughput_writes_a_row_per_mode_and_transport_and_the_round_trips(tmp_path):
     rows = throughput.run(tmp_path, quick=True, device="cpu", configs=["cartpole-cleanrl"],
-                          total_steps=1024, time_limit_s=30.0)
+                          total_steps=1024, time_limit_s=30.0, modes=["strict"], roundtrip_messages=1024)
     data = json.loads((tmp_path / "throughput.json").read_text())
     assert data == rows
     assert isinstance(data, list) and all(isinstance(r, dict) for r in data)
-    assert [r["mode"] for r in data] == ["baseline", "collect", "strict", "pipelined"]
+    assert [(r["mode"], r["transport"]) for r in data] == [("baseline", None), ("strict", "inprocess"),
+                                                           ("strict", "shm"), ("strict", "grpc")]
     for row in data:
         assert REQUIRED <= set(row), REQUIRED - set(row)
         assert row["error"] is None, row
@@ -78,6 +79,12 @@ def test_quick_throughput_writes_a_row_per_mode(tmp_path):
     table = [line for line in md.splitlines() if line.startswith("| cartpole-cleanrl |")]
     assert len(table) == len(data)
     assert "lockstep bench throughput" in md and "CPU cores" in md
+    trips = json.loads((tmp_path / "roundtrip" / "roundtrip.json").read_text())
+    assert [t["transport"] for t in trips] == ["inprocess", "shm", "grpc"]
+    for trip in trips:
+        assert trip["error"] is None and trip["messages"] == 1024
+        assert trip["round_trips_per_s"] > 0 and trip["learner_cpu_us_per_message"] > 0
+    assert "## Round trips" in md
 
 
 @pytest.mark.slow
@@ -96,7 +103,7 @@ def test_baseline_computes_what_a_one_actor_strict_learner_computes(tmp_path):
 
 
 @pytest.mark.parametrize("name, path, changes", [
-    ("cartpole-cleanrl", "configs/cartpole.yaml", {}),
+    ("cartpole-cleanrl", "configs/cartpole-cleanrl.yaml", {}),
     ("pendulum-scaled", "configs/pendulum.yaml", {"env.actors": 4, "env.envs_per_actor": 16,
                                                   "ppo.steps_per_env": 64, "ppo.epochs": 4, "ppo.minibatches": 4}),
 ])

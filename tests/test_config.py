@@ -1,11 +1,22 @@
-"""Configuration: CleanRL defaults, command-line coercion, YAML merge and save, validation."""
+"""Configuration: CleanRL defaults, command-line coercion, YAML merge and save, presets, validation."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from lockstep.config import Config, ConfigError, from_dict, load, save, set_value, to_dict
+from lockstep.config import (
+    DEFAULT_PRESET,
+    Config,
+    ConfigError,
+    default_config,
+    from_dict,
+    load,
+    preset_names,
+    save,
+    set_value,
+    to_dict,
+)
 
 
 def test_defaults_are_cleanrl_cartpole_settings():
@@ -224,6 +235,77 @@ def test_save_writes_every_section(tmp_path):
     path = tmp_path / "config.yaml"
     save(Config(), path)
     assert set(yaml.safe_load(path.read_text())) == {"env", "ppo", "model", "learner", "sync", "run"}
+
+
+# --- presets ---------------------------------------------------------------------------------
+
+
+def test_presets_ship_with_the_package_and_include_the_default():
+    assert {"cartpole-fast", "cartpole-cleanrl", "pendulum"} <= set(preset_names())
+    assert DEFAULT_PRESET == "cartpole-fast"
+
+
+def test_a_preset_loads_by_name_as_by_path():
+    by_name = load("cartpole-fast")
+    assert by_name == load("configs/cartpole-fast.yaml")
+    assert by_name.env.id == "CartPole-v1" and by_name.run.stop_at_return == 475
+    assert load("cartpole-cleanrl") == load("configs/cartpole-cleanrl.yaml")
+
+
+def test_a_preset_by_name_merges_over_a_given_base():
+    base = Config()
+    base.learner.max_wait_ms = 0.5
+    c = load("pendulum", base)
+    assert c.env.id == "Pendulum-v1" and c.learner.max_wait_ms == 0.5
+
+
+def test_an_unknown_preset_name_lists_the_presets():
+    with pytest.raises(ConfigError, match="unknown preset 'cartpole-turbo'") as info:
+        load("cartpole-turbo")
+    for name in preset_names():
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("source", ["nope.yaml", "configs/nope", "../cartpole-fast"])
+def test_a_missing_file_names_the_path_and_lists_the_presets(source):
+    with pytest.raises(ConfigError, match="does not exist") as info:
+        load(source)
+    assert source.split("/")[-1] in str(info.value) and DEFAULT_PRESET in str(info.value)
+
+
+def test_an_existing_file_wins_over_a_preset_of_the_same_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cartpole-fast").write_text("ppo:\n  lr: 0.5\n")
+    assert load("cartpole-fast").ppo.lr == 0.5
+
+
+def test_the_default_config_is_the_default_preset_for_its_env_and_the_defaults_elsewhere():
+    assert default_config() == load(DEFAULT_PRESET)
+    assert default_config("CartPole-v1") == load(DEFAULT_PRESET)
+    assert default_config("Pendulum-v1") == Config()
+
+
+# --- return thresholds -------------------------------------------------------------------------
+
+
+def test_return_thresholds_default_to_the_envs_reward_threshold():
+    c = Config()
+    assert c.run.thresholds == []
+    assert c.return_thresholds() == [475.0]  # CartPole-v1's registration
+    c.env.id = "Acrobot-v1"
+    assert c.return_thresholds() == [-100.0]
+
+
+def test_return_thresholds_are_empty_for_an_env_without_a_reward_threshold():
+    c = Config()
+    c.env.id = "Pendulum-v1"
+    assert c.return_thresholds() == []
+
+
+def test_given_thresholds_replace_the_envs_reward_threshold():
+    c = Config()
+    c.run.thresholds = [195.0]
+    assert c.return_thresholds() == [195.0]
 
 
 # --- validate --------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def _rows(run_dir) -> list[dict]:
 
 
 def test_cartpole_reaches_195_within_a_short_budget(tmp_path):
-    config = _config("configs/cartpole.yaml", tmp_path, **{
+    config = _config("configs/cartpole-cleanrl.yaml", tmp_path, **{
         "env.actors": 2, "env.envs_per_actor": 4, "ppo.steps_per_env": 32, "ppo.lr": 1e-3,
         "ppo.total_steps": 60_000, "run.stop_at_return": 195,
     })
@@ -52,7 +52,7 @@ def test_pendulum_improves_its_return_over_the_first_iterations(tmp_path):
 
 
 def test_run_directory_has_every_file_other_tools_read(tmp_path):
-    config = _config("configs/cartpole.yaml", tmp_path, **{"ppo.total_steps": 2048, "run.checkpoint_every": 2})
+    config = _config("configs/cartpole-cleanrl.yaml", tmp_path, **{"ppo.total_steps": 2048, "run.checkpoint_every": 2})
     train(config, tmp_path / "run")
     run = tmp_path / "run"
     resolved = config_lib.load(run / "config.yaml")

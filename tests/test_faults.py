@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 def test_actor_killed_mid_phase_is_dropped_restarted_and_training_continues(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [*lockstep_cmd(), "train", "--env", "CartPole-v1", "--actors", "3", "--envs-per-actor", "1",
+        [*lockstep_cmd(), "train", "--config", "cartpole-cleanrl", "--transport", "shm",
+         "--actors", "3", "--envs-per-actor", "1",
          "--steps-per-env", "256", "--total-steps", str(3 * 256 * 30), "--run-dir", str(run_dir), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed = 0
@@ -96,7 +97,7 @@ def test_learner_killed_and_resumed_continues_iteration_version_and_metrics(tmp_
     run_dir = tmp_path / "run"
     args = ["--total-steps", str(512 * 14), "--no-progress"]
     first = subprocess.Popen(
-        [*lockstep_cmd(), "train", "--config", "configs/cartpole.yaml", "--run-dir", str(run_dir),
+        [*lockstep_cmd(), "train", "--config", "configs/cartpole-cleanrl.yaml", "--run-dir", str(run_dir),
          "--checkpoint-every", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

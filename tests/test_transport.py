@@ -174,8 +174,8 @@ def test_separately_started_learner_and_actor_train_together(tmp_path, free_port
 @pytest.mark.slow
 def test_interrupted_train_leaves_no_actor_processes(tmp_path):
     proc = subprocess.Popen(
-        [*lockstep_cmd(), "train", "--env", "CartPole-v1", "--actors", "2", "--total-steps", "10000000",
-         "--run-dir", str(tmp_path / "run"), "--no-progress"],
+        [*lockstep_cmd(), "train", "--config", "cartpole-cleanrl", "--actors", "2", "--total-steps", "10000000",
+         "--transport", "shm", "--run-dir", str(tmp_path / "run"), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60

@@ -27,6 +27,9 @@ TRAINING_FLAGS = [
     ("--run-dir", "run.run_dir", "run directory (default runs/<name>)"),
     ("--device", "learner.device", "auto, cpu or cuda"),
     ("--listen", "learner.listen", "host:port the learner listens on"),
+    ("--transport", "learner.transport",
+     "train: how the local actors reach the learner: shm (actor processes, shared memory; default), "
+     "grpc (actor processes, loopback) or inprocess (env loops inside the learner process, for cheap envs)"),
     ("--min-actors", "learner.min_actors", "actors to wait for before the first phase (0: --actors)"),
     ("--stop-at-return", "run.stop_at_return", "stop once the running mean return reaches this"),
     ("--sync", "sync.strategy",
@@ -41,7 +44,11 @@ TRAINING_FLAGS = [
 
 
 def _add_training_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML config file; flags override it")
+    p.add_argument("--config", metavar="FILE_OR_PRESET",
+                   help="a YAML config file or a preset name (" + ", ".join(config_lib.preset_names())
+                        + f"); flags override it. Default: train uses the {config_lib.DEFAULT_PRESET} preset for "
+                        "CartPole-v1; other --env values and the learner command use the built-in defaults "
+                        "(CleanRL's settings)")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue RUN_DIR from its newest checkpoint (its config.yaml; flags override it)")
     for flag, dotted, help_text in TRAINING_FLAGS:
@@ -64,8 +71,12 @@ def resolve_config(args: argparse.Namespace) -> config_lib.Config:
             raise config_lib.ConfigError("--resume uses RUN_DIR/config.yaml; give overrides as flags, not --config")
         config = config_lib.load(Path(args.resume) / "config.yaml")
         config.run.run_dir = args.resume
-    else:
-        config = config_lib.load(args.config) if args.config else config_lib.Config()
+    elif args.config:
+        config = config_lib.load(args.config)
+    elif args.command == "train":
+        config = config_lib.default_config(getattr(args, "env.id"))
+    else:  # a lone learner: its actors start elsewhere, with env counts that no preset describes
+        config = config_lib.Config()
     for dotted in [d for _, d, _ in TRAINING_FLAGS] + ["learner.tls_cert", "learner.tls_key"]:
         value = getattr(args, dotted)
         if value is not None:
@@ -155,10 +166,29 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
     from lockstep.bench import throughput
 
     out = Path(args.out)
-    rows = throughput.run(out, quick=args.quick, device=args.device, configs=args.configs)
+    rows = throughput.run(out, quick=args.quick, device=args.device, configs=args.configs,
+                          transports=tuple(args.transports), roundtrip_messages=args.roundtrip_messages)
     print((out / "throughput.md").read_text())
     print(f"wrote {out / 'throughput.md'} and {out / 'throughput.json'}")
     return 0 if all(row["error"] is None for row in rows) else 1
+
+
+def cmd_bench_learn(args: argparse.Namespace) -> int:
+    from lockstep.bench import learn
+
+    options = learn.LearnOptions(source=args.config or args.preset or config_lib.DEFAULT_PRESET,
+                                 seeds=list(range(1, args.seeds + 1)), overrides=args.set,
+                                 transport=args.transport, time_limit_s=args.time_limit_s)
+    parts = ["lockstep bench learn", f"--config {args.config}" if args.config else f"--preset {options.source}",
+             f"--seeds {args.seeds}", f"--out {args.out}"]
+    parts += [f"--transport {options.transport}"] if options.transport else []
+    parts += [f"--set {item}" for item in args.set]
+    parts += [f"--time-limit-s {args.time_limit_s:g}"] if args.time_limit_s else []
+    out = Path(args.out)
+    report = learn.run(options, out, " ".join(parts))
+    print((out / "learn.md").read_text())
+    print(f"wrote {out / 'learn.md'} and {out / 'learn.json'}")
+    return 1 if any(r["error"] for r in report["runs"]) else 0
 
 
 def cmd_bench_soak(args: argparse.Namespace) -> int:
@@ -171,6 +201,17 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
         print(f"{key:<{width}}  {value}")
     print(f"wrote {Path(args.out) / 'soak.json'}")
     return 0 if soak.healthy(report) else 1
+
+
+def cmd_bench_repro(args: argparse.Namespace) -> int:
+    from lockstep.bench import repro
+
+    out = Path(args.out)
+    report = repro.run(repro.ReproOptions(config=args.config, seed=args.seed, iterations=args.iterations,
+                                          burners=args.burners), out)
+    print((out / "repro.md").read_text())
+    print(f"wrote {out / 'repro.md'} and {out / 'repro.json'}")
+    return 0 if report["identical"] else 1
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -193,7 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_learner)
 
     p = sub.add_parser("actor", help="run one actor against a learner")
-    p.add_argument("--learner", required=True, help="learner address, host:port")
+    p.add_argument("--learner", required=True,
+                   help="learner address: host:port (gRPC), or unix:/path (an actor on the learner's host: "
+                        "shared memory; the learner logs this address)")
     p.add_argument("--env", default="CartPole-v1",
                    help="Gymnasium id or package.module:callable (must match the learner's)")
     p.add_argument("--num-envs", type=int, default=4, help="environments in this actor's vector env")
@@ -230,10 +273,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = bench_sub.add_parser("throughput", help="env steps/s of the distributed modes against an in-process baseline")
     p.add_argument("--out", default="bench-results/throughput",
                    help="folder for throughput.md, throughput.json, configs/ and runs/")
-    p.add_argument("--quick", action="store_true", help="small step budgets, under three minutes on 2 cores")
+    p.add_argument("--quick", action="store_true", help="small step budgets, about four minutes on 2 cores")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="learner and baseline device")
     p.add_argument("--configs", nargs="+", choices=list(THROUGHPUT_CONFIGS), help="subset to run (default: all)")
+    p.add_argument("--transports", nargs="+", choices=["inprocess", "shm", "grpc"],
+                   default=["inprocess", "shm", "grpc"],
+                   help="the transports each distributed mode runs over, side by side (default: both)")
+    p.add_argument("--roundtrip-messages", type=int,
+                   help="messages per transport in the round-trip micro-benchmark (default 20,480 with --quick, "
+                        "else 102,400; 0 skips it)")
     p.set_defaults(func=cmd_bench_throughput)
+
+    p = bench_sub.add_parser("learn", help="seconds and env steps to a return threshold, per seed: "
+                                           "lockstep train against the in-process baseline, interleaved")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--preset", choices=config_lib.preset_names(),
+                       help=f"preset to run (default {config_lib.DEFAULT_PRESET})")
+    which.add_argument("--config", metavar="FILE_OR_PRESET", help="a YAML config file (or a preset name) to run")
+    p.add_argument("--seeds", type=int, default=5, help="run seeds 1 to N, each distributed then in-process")
+    p.add_argument("--out", default="bench-results/learn", help="folder for learn.md, learn.json, config.yaml, runs/")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field in both modes, e.g. --set ppo.total_steps=200000 (repeatable)")
+    p.add_argument("--time-limit-s", type=float,
+                   help="cap on each run's training time where the config sets no run.time_limit_s (default 120)")
+    p.add_argument("--transport", choices=config_lib.TRANSPORTS,
+                   help="learner.transport of the distributed runs (default: the config's)")
+    p.set_defaults(func=cmd_bench_learn)
 
     p = bench_sub.add_parser("soak", help="train while killing actors and once the learner; check the books")
     p.add_argument("--minutes", type=float, default=3.0, help="training time, across the learner restart")
@@ -241,6 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="bench-results/soak", help="folder for soak.json, soak.log and the run")
     p.set_defaults(func=cmd_bench_soak)
+
+    p = bench_sub.add_parser("repro", help="the same strict run twice, once beside CPU burners; identical metrics?")
+    p.add_argument("--config", help="YAML config file (default: the built-in CartPole defaults)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--iterations", type=int, default=30, help="iterations of each run")
+    p.add_argument("--burners", type=int, default=1, help="CPU-burning processes beside the second run")
+    p.add_argument("--out", default="bench-results/repro", help="folder for repro.md, repro.json and the runs")
+    p.set_defaults(func=cmd_bench_repro)
     return parser
 
 

@@ -2,11 +2,16 @@
 
 Defaults are CleanRL's published CartPole settings (``ppo.py``) so results are comparable.
 The resolved tree is written to ``config.yaml`` in every run directory.
+
+*Presets* are YAML configs shipped inside the package (``lockstep/presets/NAME.yaml``), so
+they work after a plain ``pip install``; ``load`` takes a preset name wherever it takes a
+path. ``DEFAULT_PRESET`` is what ``lockstep train`` uses when no ``--config`` is given.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,6 +21,8 @@ from typing import Any
 import yaml
 
 from lockstep.sync import NAMES as SYNC_NAMES
+
+TRANSPORTS = ("shm", "grpc", "inprocess")  # learner.transport
 
 
 @dataclass
@@ -80,6 +87,10 @@ class LearnerConfig:
     sanitize: bool = False  # replace NaN/inf in observations and rewards instead of refusing the step
     tls_cert: str = ""  # PEM certificate chain; with tls_key, the learner serves TLS
     tls_key: str = ""  # PEM private key
+    # How `lockstep train`'s local actors reach the learner: "shm" (actor processes; shared memory and a unix
+    # socket), "grpc" (actor processes over loopback) or "inprocess" (env loops as tasks in the learner process,
+    # for cheap envs). The learner serves gRPC and the unix socket either way; remote actors use gRPC.
+    transport: str = "shm"
 
 
 @dataclass
@@ -115,6 +126,17 @@ class Config:
     def min_actors(self) -> int:
         return self.learner.min_actors or self.env.actors
 
+    def return_thresholds(self) -> list[float]:
+        """The returns whose first crossing a run records: ``run.thresholds``, or, when none are given,
+        the environment's own ``reward_threshold`` from its Gymnasium registration (CartPole-v1: 475);
+        empty for an environment without one."""
+        if self.run.thresholds:
+            return list(self.run.thresholds)
+        from lockstep.envs import reward_threshold  # gymnasium: loaded only when asked
+
+        solved = reward_threshold(self.env.id)
+        return [] if solved is None else [solved]
+
     def validate(self) -> None:
         checks = [
             (self.env.actors >= 1, f"env.actors must be at least 1, got {self.env.actors}"),
@@ -132,6 +154,8 @@ class Config:
             (0 <= self.sync.min_unroll <= 1, f"sync.min_unroll must be in [0, 1], got {self.sync.min_unroll}"),
             (self.sync.max_lag >= 1,
              f"sync.max_lag must be at least 1 (0 is sync.strategy=strict), got {self.sync.max_lag}"),
+            (self.learner.transport in TRANSPORTS,
+             f"learner.transport must be one of {', '.join(TRANSPORTS)}, got {self.learner.transport!r}"),
             (self.model.activation in ("tanh", "relu"),
              f"model.activation must be tanh or relu, got {self.model.activation!r}"),
         ]
@@ -162,11 +186,51 @@ def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
     return config
 
 
-def load(path: str | Path, base: Config | None = None) -> Config:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    return from_dict(yaml.safe_load(path.read_text()) or {}, base)
+DEFAULT_PRESET = "cartpole-fast"  # lockstep train without --config, for its environment (CartPole-v1)
+_PRESETS = "presets"  # folder inside the lockstep package
+
+
+def preset_names() -> list[str]:
+    """The names of the presets shipped with the package, sorted."""
+    folder = importlib.resources.files("lockstep").joinpath(_PRESETS)
+    return sorted(f.name[: -len(".yaml")] for f in folder.iterdir() if f.name.endswith(".yaml"))
+
+
+def preset_text(name: str) -> str:
+    """The YAML text of the preset ``name``; a ConfigError that lists the presets if there is none."""
+    folder = importlib.resources.files("lockstep").joinpath(_PRESETS)
+    resource = None if "/" in name or "\\" in name else folder.joinpath(f"{name}.yaml")
+    if resource is None or not resource.is_file():
+        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(preset_names())} "
+                          "(or give the path to a YAML file)")
+    return resource.read_text()
+
+
+def load(source: str | Path, base: Config | None = None) -> Config:
+    """The config in ``source``, merged over ``base`` (default: the built-in defaults).
+
+    ``source`` is the path of a YAML file or, when no such file exists, the name of a preset
+    (``cartpole-fast``, see ``preset_names``). A source that is neither is a ConfigError
+    that lists the presets.
+    """
+    path = Path(source)
+    if path.is_file():
+        text = path.read_text()
+    elif isinstance(source, Path) or path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        raise ConfigError(f"config file {path} does not exist; give an existing YAML file or a preset "
+                          f"name: {', '.join(preset_names())}")
+    else:
+        text = preset_text(str(source))
+    return from_dict(yaml.safe_load(text) or {}, base)
+
+
+def default_config(env_id: str | None = None) -> Config:
+    """The config a run starts from when no ``--config`` is given: the ``DEFAULT_PRESET`` for its
+    environment (CartPole-v1), the built-in defaults for any other ``env_id``."""
+    preset = load(DEFAULT_PRESET)
+    if env_id is None or env_id == preset.env.id:
+        return preset
+    return Config()
 
 
 def save(config: Config, path: str | Path) -> None:

@@ -98,6 +98,23 @@ def resolve_env(env_id: str) -> Callable[..., gym.Env]:
     return lambda **kwargs: gym.make(env_id, **kwargs)
 
 
+def reward_threshold(env_id: str) -> float | None:
+    """The return at which ``env_id`` counts as solved: the ``reward_threshold`` of its Gymnasium
+    registration (CartPole-v1: 475.0), or None for an id without one, an unregistered id and a
+    ``package.module:callable`` entry point."""
+    module_name, _, name = env_id.partition(":")
+    if name and not name.isidentifier():  # "module:EnvId": gym.make imports the module, which registers EnvId
+        try:
+            importlib.import_module(module_name)
+        except ImportError:
+            return None
+        env_id = name
+    spec = gym.registry.get(env_id)
+    if spec is None or spec.reward_threshold is None:
+        return None
+    return float(spec.reward_threshold)
+
+
 def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     """A synchronous vector env that resets finished episodes in the same step.
 

@@ -1,15 +1,13 @@
 """The learner: the one place that wires transport, sessions, backend, rollout store and trainer together.
 
 Threads
-    event loop   the gRPC server, every actor session, the gate's admissions and the
-                 backend's inference. Held requests are awaited futures here.
-    trainer      trains closed phases in order, writes the metrics row and the
-                 checkpoint, then publishes the next version.
+    event loop   the gRPC and same-host servers (one Sessions for both), every actor session, the
+                 gate's admissions and the backend's inference. Held requests are awaited futures here.
+    trainer      trains closed phases in order, writes the row and the checkpoint, publishes the next version.
     inference    in-place backend only: a small pool for its forward passes.
 
-Publishing version v+1 is always: ``backend.publish()`` (the snapshot backend swaps
-its snapshot reference), then ``gate.publish(v+1)``, so every request admitted for
-v+1 is served by v+1. The learner never asks which strategy it runs.
+Publishing v+1 is always ``backend.publish()`` (a snapshot backend swaps its snapshot), then ``gate.publish(v+1)``:
+every request admitted for v+1 is served by v+1. The learner never asks which strategy it runs.
 """
 
 from __future__ import annotations
@@ -31,28 +29,23 @@ from lockstep.config import Config
 from lockstep.config import save as save_config
 from lockstep.envs import env_spec
 from lockstep.metrics import EpisodeTracker
+from lockstep.models import resolve_device
 from lockstep.progress import Status
 from lockstep.report import Clock, Report
 from lockstep.rollout import PhaseStore, TrainingPhase
 from lockstep.session import Sessions
 from lockstep.trainer import Trainer
-from lockstep.transport import security
+from lockstep.transport import security, shm
+from lockstep.transport.inprocess import InProcessActors
 from lockstep.transport.protocol import Welcome
 from lockstep.transport.server import LearnerServer
 
 log = logging.getLogger("lockstep.learner")
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"--device {name} was asked for, but torch sees no CUDA device; use --device auto or cpu")
-    return torch.device(name)
-
-
 class Learner:
-    def __init__(self, config: Config, run_dir: Path, token: str | None = None, resume: bool = False) -> None:
+    def __init__(self, config: Config, run_dir: Path, token: str | None = None, resume: bool = False,
+                 in_process_actors: bool = False) -> None:
         config.validate()
         security.check_server(config.learner.listen, token, config.learner.tls_cert, config.learner.tls_key)
         self.token = token  # never written to the run directory
@@ -64,7 +57,7 @@ class Learner:
         self.jitter = sync.Jitter(config.sync.jitter_ms, config.run.seed)
         self.trainer = Trainer(config, self.spec, self.device, max_lag=self.strategy.max_lag)
         self.clock = Clock()
-        self.episodes = EpisodeTracker(config.run.thresholds)
+        self.episodes = EpisodeTracker(config.return_thresholds())
         self.report = Report(run_dir, self.trainer, self.episodes, self.clock)
         run = config.run
         self.checkpointer = Checkpointer(run_dir / "checkpoints", run.checkpoint_every, run.checkpoint_minutes,
@@ -82,23 +75,19 @@ class Learner:
         self.sessions = Sessions(self.spec, Welcome(run.seed, run_dir.name), config.ppo.steps_per_env, self.gate,
                                  self.backend, self.phases, self.report.counters, self.episodes, self.clock)
         self.sessions.slot_counters.update(slot_counters)
-        self.port: int | None = None
+        self.port, self.local_address = None, None  # the gRPC port; unix:/path of the same-host server (or None)
         self.error: BaseException | None = None
-        self._server: LearnerServer | None = None
+        self._servers: list[LearnerServer | shm.LocalServer] = []  # their codec_s goes into the time split
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
-
-    @property
-    def finished(self) -> bool:
-        """Training is over (the budget is spent, or the learner was stopped)."""
-        return self.sessions.finished
+        self._in_process = in_process_actors  # run env.actors actors as tasks here (learner.transport inprocess)
 
     @property
     def status(self) -> Status:
-        """What the progress display shows."""
+        """What the progress display shows; ``finished``: training is over (budget spent or stopped)."""
         return dataclasses.replace(self.report.status, actors=len(self.sessions.actor_ids),
-                                   started=self.clock.started)
+                                   started=self.clock.started, finished=self.sessions.finished)
 
     # -- running --------------------------------------------------------------------
 
@@ -142,28 +131,32 @@ class Learner:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         cfg = self.config.learner
-        server = self._server = LearnerServer(self.sessions, cfg.listen, token=self.token,
-                                              tls=(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert else None,
-                                              max_message_bytes=cfg.max_message_mb * 1024 * 1024,
-                                              sanitize=cfg.sanitize)
-        try:
-            self.port = await server.start()
+        limits = {"max_message_bytes": cfg.max_message_mb * 1024 * 1024, "sanitize": cfg.sanitize}
+        server, local = self._servers = [LearnerServer(self.sessions, cfg.listen, token=self.token, **limits,
+                                                       tls=(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert else None),
+                                         shm.LocalServer(self.sessions, **limits)]  # actors on this host
+        try:  # local.start(): None (and a warning) where this host has no unix sockets
+            self.port, self.local_address = await server.start(), await local.start()
         except Exception as err:
             self.error = err
             self._ready.set()
             raise
-        log.info("learner listening on port %d, waiting for %d actor(s); sync %s",
-                 self.port, self.config.min_actors, self.strategy.name)
+        log.info("learner listening on port %d and %s, waiting for %d actor(s); sync %s",
+                 self.port, self.local_address or "no unix socket", self.config.min_actors, self.strategy.name)
         self._ready.set()
         trainer.start()
         watchdog = asyncio.create_task(self.sessions.watchdog(self.config.sync.stall_s))
+        env = self.config.env  # learner.transport inprocess: the local actors run here, as tasks
+        actors = InProcessActors(self.sessions, env.id, env.envs_per_actor,
+                                 list(range(env.actors)) if self._in_process else [], env.actor_restarts)
+        actors.start()
         try:
             await self._stop.wait()
         finally:
             watchdog.cancel()
+            await actors.stop()
             self.sessions.finish()
-            self.report.status.finished = True
-            await server.stop(grace=2.0)
+            await asyncio.gather(server.stop(grace=2.0), local.stop(grace=2.0))
 
     # -- training ---------------------------------------------------------------------
 
@@ -190,10 +183,10 @@ class Learner:
         if item.phase != trainer.version:
             raise RuntimeError(f"phase {item.phase} arrived for training at version {trainer.version}")
         self.jitter()
+        stats = None
         if item.batch is None:  # every actor left the phase before completing it: nothing to train
             log.info("phase %d closed empty; publishing version %d unchanged", trainer.version, trainer.version + 1)
             trainer.skip()
-            stats = None
         else:
             update = trainer.count_only if self.config.run.collect_only else trainer.train
             stats = self.backend.train(lambda: update(item.batch))
@@ -215,13 +208,10 @@ class Learner:
         return done
 
     def _done(self) -> bool:
-        if self.trainer.env_steps >= self.config.ppo.total_steps:
-            return True
-        limit = self.config.run.time_limit_s
-        if limit is not None and self.clock.wall_s >= limit:
-            return True
-        target = self.config.run.stop_at_return
-        return target is not None and self.episodes.reached(target)
+        run = self.config.run
+        return (self.trainer.env_steps >= self.config.ppo.total_steps
+                or (run.time_limit_s is not None and self.clock.wall_s >= run.time_limit_s)
+                or (run.stop_at_return is not None and self.episodes.reached(run.stop_at_return)))
 
     # -- checkpoints and the end of a run ----------------------------------------------
 
@@ -253,7 +243,7 @@ class Learner:
         return self.report.summary(
             env=self.config.env.id, seed=self.config.run.seed, sync=self.strategy.name,
             time_limited=self.trainer.env_steps < self.config.ppo.total_steps and self.error is None,
-            codec_s=self._server.codec_s if self._server is not None else 0.0,
+            codec_s=sum(server.codec_s for server in self._servers),
             checkpoint=str(final.relative_to(self.run_dir)),
             resumed_from=None if self.resumed_from is None else str(self.resumed_from.relative_to(self.run_dir)),
             device=str(self.device), error=None if self.error is None else repr(self.error),

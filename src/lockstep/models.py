@@ -151,3 +151,12 @@ class ObsNormalizer:
         if not self.enabled:
             return obs
         return ((obs - self.mean) * self.scale).clamp(-self.clip, self.clip)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``--device``: auto (CUDA when torch sees it, else the CPU), cpu, cuda or cuda:N."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {name} was asked for, but torch sees no CUDA device; use --device auto or cpu")
+    return torch.device(name)

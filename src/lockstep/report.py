@@ -50,6 +50,7 @@ class Clock:
         self.offset = 0.0  # seconds of the run before a resume
         self._t0: float | None = None
         self.stopped_at: float | None = None  # wall_s when training ended, before shutdown work
+        self.cpu_at_start = time.process_time()  # the process's CPU seconds when training started
 
     @property
     def started(self) -> bool:
@@ -58,6 +59,7 @@ class Clock:
     def start(self) -> None:
         if self._t0 is None:
             self._t0 = time.perf_counter()
+            self.cpu_at_start = time.process_time()
 
     @property
     def wall_s(self) -> float:
@@ -81,7 +83,6 @@ class Report:
         self.training_s = 0.0
         self.status = Status()
         self._last: dict[str, float] = {}  # the totals at the previous row
-        self._cpu0 = time.process_time()
         self.metrics: MetricsWriter | None = None
 
     def open(self, resume_after: int | None) -> None:
@@ -155,7 +156,7 @@ class Report:
         self.status = Status(
             iteration=trainer.iteration, policy_version=trainer.version, env_steps=trainer.env_steps,
             sps=row["sps"], episode_return_mean=ep["episode_return_mean20"], episodes=ep["episodes"],
-            actors=actors, started=True, finished=self.status.finished,
+            actors=actors, started=True,
         )
         return row
 
@@ -184,7 +185,7 @@ class Report:
             "wall_s": round(wall, 3),
             "time_limited": run["time_limited"],
             "sps": round(trainer.env_steps / wall, 1) if wall > 0 else 0.0,
-            "learner_cpu_s": round(time.process_time() - self._cpu0, 3),
+            "learner_cpu_s": round(time.process_time() - self.clock.cpu_at_start, 3),  # since the first phase
             "episodes": ep["episodes"],
             "episode_return_mean": None if math.isnan(ep["episode_return_mean"]) else ep["episode_return_mean"],
             "first_reached": self.episodes.first_reached,

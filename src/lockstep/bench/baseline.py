@@ -42,8 +42,8 @@ from lockstep import config as config_lib
 from lockstep import envs as envs_lib
 from lockstep import noise
 from lockstep.actor import EnvLoop
-from lockstep.learner import resolve_device
 from lockstep.metrics import EpisodeTracker
+from lockstep.models import resolve_device
 from lockstep.rollout import Unroll, assemble
 from lockstep.trainer import Trainer
 

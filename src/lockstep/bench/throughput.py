@@ -5,12 +5,13 @@ per run and nothing is warm from the run before:
 
     baseline   ``python -m lockstep.bench.baseline``: one process, same envs, same
                forward pass, same rollout store, same PPO (``bench/baseline.py``)
-    collect    ``lockstep train --set run.collect_only=true``: learner + actor processes
-               over loopback gRPC, batches collected and checked, never trained
+    collect    ``lockstep train --set run.collect_only=true``: learner + actor processes,
+               batches collected and checked, never trained
     strict     ``lockstep train --sync strict``
     pipelined  ``lockstep train --sync pipelined --max-lag 1``
 
-``ratio_to_baseline`` is a mode's env steps/s over the same configuration's baseline
+Each distributed mode runs once per transport (``--transport inprocess``, ``shm`` and ``grpc``),
+side by side. ``ratio_to_baseline`` is a mode's env steps/s over the same configuration's baseline
 env steps/s, both measured in this invocation. Both count trained (collect: counted)
 transitions per second from the first phase (baseline: the first env step) to the end
 of the last update, so process start-up, imports and env creation are excluded.
@@ -22,8 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -31,14 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from lockstep import config as config_lib
-from lockstep.bench import cell
+from lockstep.bench import cell, roundtrip, run_process, tail
 
 MODES = ("baseline", "collect", "strict", "pipelined")
-KEYS = ["config", "mode", "env_steps_per_s", "ratio_to_baseline", "inference_batch_mean", "learner_peak_rss_mb",
-        "time_split_s", "env_steps", "wall_s", "device", "time_limited", "episode_return_mean", "process_s",
-        "loadavg_1m", "error"]
+KEYS = ["config", "mode", "transport", "env_steps_per_s", "ratio_to_baseline", "inference_batch_mean",
+        "learner_peak_rss_mb", "time_split_s", "env_steps", "wall_s", "device", "time_limited",
+        "episode_return_mean", "process_s", "loadavg_1m", "error"]
 
-# CleanRL's CartPole settings (configs/cartpole.yaml; also the Config defaults).
+# CleanRL's CartPole settings (configs/cartpole-cleanrl.yaml; also the Config defaults).
 _CARTPOLE = {
     "env": {"id": "CartPole-v1"},
     "ppo": {"anneal_lr": True, "gamma": 0.99, "gae_lambda": 0.95, "epochs": 4, "minibatches": 4, "clip_coef": 0.2,
@@ -105,9 +104,9 @@ def build_config(bench: BenchConfig, total_steps: int, time_limit_s: float, devi
     return config
 
 
-def _learner_command(mode: str, config_path: Path, run_dir: Path) -> list[str]:
+def _learner_command(mode: str, transport: str, config_path: Path, run_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "lockstep", "train", "--config", str(config_path), "--run-dir", str(run_dir),
-           "--name", run_dir.name, "--no-progress"]
+           "--name", run_dir.name, "--transport", transport, "--no-progress"]
     if mode == "collect":
         cmd += ["--sync", "strict", "--set", "run.collect_only=true"]
     elif mode == "strict":
@@ -119,30 +118,9 @@ def _learner_command(mode: str, config_path: Path, run_dir: Path) -> list[str]:
     return cmd
 
 
-def _run_process(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int | None, float]:
-    """Run ``cmd`` in its own session, output to ``log_path``; kill its process group on timeout."""
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
-    return rc, time.perf_counter() - start
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(path.read_text().strip().splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _row(bench: BenchConfig, mode: str, result: dict[str, Any] | None, process_s: float,
+def _row(bench: BenchConfig, mode: str, transport: str | None, result: dict[str, Any] | None, process_s: float,
          error: str | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"config": bench.name, "mode": mode}
+    row: dict[str, Any] = {"config": bench.name, "mode": mode, "transport": transport}
     if result is None:
         row.update({k: None for k in KEYS[2:]})
     elif mode == "baseline":
@@ -184,12 +162,15 @@ def _row(bench: BenchConfig, mode: str, result: dict[str, Any] | None, process_s
 
 def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str] | None = None,
         total_steps: int | None = None, time_limit_s: float | None = None,
-        modes: list[str] | None = None) -> list[dict[str, Any]]:
+        modes: list[str] | None = None, transports: tuple[str, ...] = roundtrip.TRANSPORTS,
+        roundtrip_messages: int | None = None) -> list[dict[str, Any]]:
     """Run the benchmark, write OUT/throughput.json and OUT/throughput.md, return the rows.
 
     ``total_steps`` and ``time_limit_s`` override every configuration's step budget and
     time cap (tests use tiny ones); ``modes`` restricts the modes run (baseline is always run
-    where a mode needs its ratio).
+    where a mode needs its ratio). Every distributed mode runs once per transport in
+    ``transports``; the round-trip micro-benchmark (``bench/roundtrip.py``) runs last, with
+    ``roundtrip_messages`` messages per transport (0: skipped).
     """
     import torch
 
@@ -217,11 +198,12 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
         runs.mkdir(parents=True, exist_ok=True)
         timeout_s = 3 * limit + 120  # start-up, the last iteration past the cap, shutdown
         baseline_sps = None
-        for mode in bench.modes:
+        for mode, transport in [(m, t) for m in bench.modes for t in ((None,) if m == "baseline" else transports)]:
             if modes is not None and mode not in modes and mode != "baseline":
                 continue
-            print(f"[throughput] {name} {mode}: running ({steps:,} steps, cap {limit:g} s) ...", flush=True)
-            log_path = runs / f"{mode}.log"
+            label = mode if transport is None else f"{mode} over {transport}"
+            print(f"[throughput] {name} {label}: running ({steps:,} steps, cap {limit:g} s) ...", flush=True)
+            log_path = runs / f"{mode}{'' if transport is None else '-' + transport}.log"
             if mode == "baseline":
                 result_path = runs / "baseline.json"
                 result_path.unlink(missing_ok=True)
@@ -229,22 +211,22 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
                 if bench.baseline_collect_only:
                     cmd.append("--collect-only")
             else:
-                run_dir = runs / mode
+                run_dir = runs / f"{mode}-{transport}"
                 result_path = run_dir / "summary.json"
                 shutil.rmtree(run_dir, ignore_errors=True)  # this benchmark's own run of an earlier invocation
-                cmd = _learner_command(mode, config_path, run_dir)
+                cmd = _learner_command(mode, transport, config_path, run_dir)
             load_1m = round(os.getloadavg()[0], 2)  # others' work on this machine skews the figures
-            rc, process_s = _run_process(cmd, log_path, timeout_s)
+            rc, process_s = run_process(cmd, log_path, timeout_s)
             result, error = None, None
             if rc is None:
                 error = f"killed after {timeout_s:g} s; see {log_path}"
             elif rc != 0:
-                error = f"exit code {rc}: {_tail(log_path)}"
+                error = f"exit code {rc}: {tail(log_path)}"
             elif not result_path.is_file():
                 error = f"no {result_path.name} written; see {log_path}"
             else:
                 result = json.loads(result_path.read_text())
-            row = _row(bench, mode, result, process_s, error)
+            row = _row(bench, mode, transport, result, process_s, error)
             row["loadavg_1m"] = load_1m
             if mode == "baseline":
                 baseline_sps = row["env_steps_per_s"]
@@ -253,14 +235,16 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
                 row["ratio_to_baseline"] = round(sps / baseline_sps, 3)
             rows.append(row)
             if error:
-                print(f"[throughput] {name} {mode}: FAILED: {error}", flush=True)
+                print(f"[throughput] {name} {label}: FAILED: {error}", flush=True)
             else:
                 ratio = row["ratio_to_baseline"]
-                print(f"[throughput] {name} {mode}: {sps:,.0f} env steps/s"
+                print(f"[throughput] {name} {label}: {sps:,.0f} env steps/s"
                       + (f" (x{ratio:.3f} baseline)" if ratio is not None else "")
                       + f", {row['env_steps']:,} steps in {row['wall_s']:.1f} s"
                       + (" (time limit)" if row["time_limited"] else "")
                       + f"; process {process_s:.1f} s", flush=True)
+    messages = roundtrip_messages if roundtrip_messages is not None else (20_480 if quick else 102_400)
+    trips = roundtrip.run(out / "roundtrip", messages, transports=transports) if messages else []
     elapsed = time.perf_counter() - began
     info = {
         "command": _command(out, quick, device, configs),
@@ -271,8 +255,8 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
         "loadavg_at_start": [round(x, 2) for x in load],
         "elapsed_s": round(elapsed, 1),
     }
-    (out / "throughput.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (out / "throughput.md").write_text(markdown(rows, info, names))
+    (out / "throughput.md").write_text(markdown(rows, info, names, trips))
+    (out / "throughput.json").write_text(json.dumps(rows, indent=2) + "\n")  # roundtrip/roundtrip.json beside it
     print(f"[throughput] done in {elapsed:.0f} s; wrote {out / 'throughput.md'} and {out / 'throughput.json'}",
           flush=True)
     return rows
@@ -288,8 +272,9 @@ def _command(out: Path, quick: bool, device: str, configs: list[str] | None) -> 
     return " ".join(parts)
 
 
-def markdown(rows: list[dict[str, Any]], info: dict[str, Any], names: list[str]) -> str:
-    head = ["config", "mode", "env steps/s", "ratio to baseline", "inference batch mean", "peak RSS MB",
+def markdown(rows: list[dict[str, Any]], info: dict[str, Any], names: list[str],
+             trips: list[dict[str, Any]] | None = None) -> str:
+    head = ["config", "mode", "transport", "env steps/s", "ratio to baseline", "inference batch mean", "peak RSS MB",
             "time split s", "env steps", "wall s", "final return", "load 1m"]
     lines = [
         "# lockstep bench throughput\n",
@@ -306,7 +291,8 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], names: list[str])
             mode += " (FAILED)"
         elif row["time_limited"]:
             mode += " (time limit)"
-        cells = [row["config"], mode, cell(row["env_steps_per_s"]), cell(row["ratio_to_baseline"]),
+        cells = [row["config"], mode, row["transport"] or "-", cell(row["env_steps_per_s"]),
+                 cell(row["ratio_to_baseline"]),
                  cell(row["inference_batch_mean"]), cell(row["learner_peak_rss_mb"]), _split(row["time_split_s"]),
                  cell(row["env_steps"]), cell(row["wall_s"]), cell(row["episode_return_mean"]),
                  cell(row["loadavg_1m"])]
@@ -323,6 +309,8 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], names: list[str])
         "before ppo.total_steps. load 1m: the machine's 1-minute load average as the run started; above the "
         "core count, other work competed for the CPUs and the figures are noisy.",
     ]
+    if trips:
+        lines += [""] + roundtrip.markdown(trips)
     failed = [r for r in rows if r["error"]]
     if failed:
         lines += ["", "Failures:", ""] + [f"- {r['config']} {r['mode']}: {r['error']}" for r in failed]

@@ -28,6 +28,7 @@ from lockstep.metrics import EpisodeTracker
 from lockstep.report import Clock, Counters
 from lockstep.rollout import PhaseStore, Unroll
 from lockstep.sync import Admission, AdmissionGate
+from lockstep.transport import PROTOCOL
 from lockstep.transport.messages import HelloInfo, StepData
 from lockstep.transport.protocol import (
     ALREADY_EXISTS,
@@ -55,7 +56,6 @@ class Sessions:
         self.finished = False
         self._live: dict[int, Session] = {}
         self._retired_runs: set[str] = set()  # run ids of connections that ended: a replayed hello is refused
-        self._waiters: set[asyncio.Future] = set()
 
     @property
     def actor_ids(self) -> list[int]:
@@ -67,6 +67,9 @@ class Sessions:
 
     def connect(self, hello: HelloInfo) -> tuple[Session, Welcome]:
         """Accept an actor (``transport.protocol.ActorHandler``) or raise ``Refused`` naming the problem."""
+        if hello.protocol != PROTOCOL:
+            raise Refused(FAILED_PRECONDITION, f"actor speaks protocol {hello.protocol}, the learner {PROTOCOL}; "
+                          "run the same lockstep version on both")
         problems = []
         for what, ours, theirs in (("observation space", self.spec.observation, hello.observation),
                                    ("action space", self.spec.action, hello.action)):
@@ -136,16 +139,8 @@ class Sessions:
     def finish(self) -> None:
         """Training is over: every held request is answered with 'training is over'."""
         self.finished = True
-        for future in list(self._waiters):
-            if not future.done():
-                future.set_result(None)
-
-    async def wait(self, future: asyncio.Future) -> Any:
-        self._waiters.add(future)
-        try:
-            return await future
-        finally:
-            self._waiters.discard(future)
+        for session in self._live.values():
+            session.cancel_wait()
 
 
 class Session:
@@ -233,12 +228,12 @@ class Session:
             return result.admission
         self._held = future
         try:
-            return await sessions.wait(future)
+            return await future
         finally:
             self._held = None
 
     def cancel_wait(self) -> None:
-        """The session ended while one of its requests was held: wake it so it can say why."""
+        """The session or the training ended while one of its requests was held: wake it so it can say why."""
         if self._held is not None and not self._held.done():
             self._held.set_result(None)
 

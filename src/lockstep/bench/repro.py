@@ -17,20 +17,17 @@ is kept: it reads the ordered episode window, so both runs stop at the same iter
 
 from __future__ import annotations
 
-import csv
 import json
 import multiprocessing as mp
 import os
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lockstep import config as config_lib
-from lockstep.bench import cell
+from lockstep.bench import cell, run_process
+from lockstep.bench.soak import metrics_rows
 
 # metrics.csv columns that must be identical (the others are times, rates and timing-dependent counts)
 COMPARED = ["episodes", "episode_return_mean", "episode_return_mean20", "episode_length_mean", "policy_loss",
@@ -102,27 +99,14 @@ def _train(config: config_lib.Config, out: Path, name: str, timeout_s: float) ->
     config_path = out / f"{name}.yaml"
     config_lib.save(config, config_path)
     cmd = [sys.executable, "-m", "lockstep", "train", "--config", str(config_path), "--no-progress"]
-    start = time.perf_counter()
-    with open(out / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:  # its actors are in its process group: end them all
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
-    result: dict[str, Any] = {"returncode": rc, "process_s": round(time.perf_counter() - start, 2)}
+    rc, process_s = run_process(cmd, out / f"{name}.log", timeout_s)  # on timeout its process group is killed
+    result: dict[str, Any] = {"returncode": rc, "process_s": round(process_s, 2)}
     summary = run_dir / "summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())
         result.update({k: s.get(k) for k in ("iterations", "env_steps", "wall_s", "sps", "forward_passes",
                                               "inference_batch_mean", "learner_cpu_s")})
     return result
-
-
-def read_metrics(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def first_difference(a: list[dict[str, str]], b: list[dict[str, str]]) -> dict[str, Any] | None:
@@ -172,7 +156,7 @@ def run(options: ReproOptions, out: Path) -> dict[str, Any]:
     if failed:
         report["error"] = f"run(s) {', '.join(failed)} failed; see {', '.join(f'{n}.log' for n in failed)}"
     else:
-        metrics = {n: read_metrics(Path(configs[n].run.run_dir) / "metrics.csv") for n in RUNS}
+        metrics = {n: metrics_rows(Path(configs[n].run.run_dir)) for n in RUNS}
         report["rows"] = [len(metrics[n]) for n in RUNS]
         report["first_difference"] = first_difference(metrics["quiet"], metrics["loaded"])
         report["metrics_identical"] = report["first_difference"] is None and len(metrics["quiet"]) > 0

@@ -7,6 +7,7 @@ gRPC-style status names so every transport can report them the same way.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,6 +20,7 @@ INVALID_ARGUMENT = "INVALID_ARGUMENT"  # the actor sent something the learner ca
 FAILED_PRECONDITION = "FAILED_PRECONDITION"  # the request is well-formed but not allowed now
 ALREADY_EXISTS = "ALREADY_EXISTS"
 UNAVAILABLE = "UNAVAILABLE"  # training is over
+RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # a message over the size limit
 
 
 class Refused(Exception):
@@ -27,6 +29,21 @@ class Refused(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class RefusalLog:
+    """Logs each kind of refusal (its message up to the first colon) once per client, so that a
+    client refused in a retry loop cannot flood the learner's log."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._seen: set[tuple[str, str]] = set()
+
+    def __call__(self, who: str, code: str, message: str) -> None:
+        key = (who, message.split(":", 1)[0])
+        if key not in self._seen:
+            self._seen.add(key)
+            self._log.warning("refused %s: %s %s", who, code, message)
 
 
 @dataclass(frozen=True)

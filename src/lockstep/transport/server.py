@@ -13,11 +13,11 @@ import time
 import grpc
 from google.protobuf.message import DecodeError
 
-from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL, SERVICE, security
+from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, SERVICE, security
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError, encode
 from lockstep.transport.messages import hello_from_proto, step_from_proto
-from lockstep.transport.protocol import FAILED_PRECONDITION, ActorHandler, Refused
+from lockstep.transport.protocol import ActorHandler, RefusalLog, Refused
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class LearnerServer:
             response_serializer=pb.LearnerMessage.SerializeToString,
         )
         self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {"Connect": rpc})])
-        self._logged: set[tuple[str, str]] = set()
+        self._log_refusal = RefusalLog(log)
         self.port: int | None = None
         self.codec_s = 0.0  # decoding steps and encoding actions, for the learner's time split
 
@@ -94,10 +94,7 @@ class LearnerServer:
 
     async def _refuse(self, context, code: grpc.StatusCode, message: str, who: str) -> None:
         """End the stream with ``code``; log each kind of refusal once per peer."""
-        key = (who, message.split(":", 1)[0])
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning("refused %s: %s %s", who, code.name, message)
+        self._log_refusal(who, code.name, message)
         await context.abort(code, message)
 
     async def _connect(self, requests, context: grpc.aio.ServicerContext):
@@ -117,10 +114,6 @@ class LearnerServer:
                                f"the first message must be a hello, got {got}", peer)
         try:
             hello = hello_from_proto(first.hello)
-            if hello.protocol != PROTOCOL:
-                raise Refused(FAILED_PRECONDITION,
-                                     f"actor speaks protocol {hello.protocol}, the learner {PROTOCOL}; "
-                                     "run the same lockstep version on both")
             session, welcome = self._handler.connect(hello)
         except CodecError as err:
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"hello: {err}", peer)

@@ -29,16 +29,23 @@ import time
 
 from google.protobuf.message import DecodeError
 
-from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL
+from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport import shm_layout as wire
 from lockstep.transport.codec import CodecError
 from lockstep.transport.messages import HelloInfo, StepData, check_step, hello_from_proto
-from lockstep.transport.protocol import FAILED_PRECONDITION, INVALID_ARGUMENT, UNAVAILABLE, ActorHandler, Refused
+from lockstep.transport.protocol import (
+    FAILED_PRECONDITION,
+    INVALID_ARGUMENT,
+    RESOURCE_EXHAUSTED,
+    UNAVAILABLE,
+    ActorHandler,
+    RefusalLog,
+    Refused,
+)
 
 log = logging.getLogger(__name__)
 
-RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # what gRPC answers a message over the size limit with
 HELLO_TIMEOUT_S = 30.0  # a client that connects and says nothing is dropped after this
 SOCKET_NAME = "learner.sock"
 DIR_PREFIX = "lockstep-"
@@ -62,7 +69,7 @@ class LocalServer:
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._logged: set[tuple[str, str]] = set()
+        self._log_refusal = RefusalLog(log)
         self.address: str | None = None
         self.codec_s = 0.0  # copying steps out, validating them, writing actions: the learner's time split
 
@@ -209,9 +216,6 @@ class LocalServer:
             hello = hello_from_proto(msg)
         except CodecError as err:
             raise Refused(INVALID_ARGUMENT, f"hello: {err}") from None
-        if hello.protocol != PROTOCOL:
-            raise Refused(FAILED_PRECONDITION, f"actor speaks protocol {hello.protocol}, the learner {PROTOCOL}; "
-                          "run the same lockstep version on both")
         return hello
 
     def _layout(self, hello: HelloInfo, who: str) -> wire.Layout | None:
@@ -254,10 +258,7 @@ class LocalServer:
 
     async def _refuse(self, peer: _Peer, code: str, message: str, who: str) -> None:
         """Tell the client why its connection ends; log each kind of refusal once per client."""
-        key = (who, message.split(":", 1)[0])
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning("refused %s: %s %s", who, code, message)
+        self._log_refusal(who, code, message)
         with contextlib.suppress(OSError):
             await peer.send(wire.refusal(code, message))
 

@@ -78,6 +78,15 @@ def test_actor_with_a_different_observation_space_is_refused_with_the_mismatch_n
     assert "CartPole-v1" in err.value.details()
 
 
+def test_actor_speaking_another_protocol_version_is_refused_by_name(learner):
+    hello = _hello()
+    hello.protocol = PROTOCOL + 1
+    with pytest.raises(grpc.RpcError) as err:
+        Connection(f"127.0.0.1:{learner.port}", hello, connect_timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"actor speaks protocol {PROTOCOL + 1}, the learner {PROTOCOL}" in err.value.details()
+
+
 def test_actor_with_a_different_action_space_is_refused(learner):
     with pytest.raises(grpc.RpcError) as err:
         Connection(f"127.0.0.1:{learner.port}", _hello(action=SpaceSpec("discrete", (), "int64", n=3)),

@@ -17,7 +17,7 @@ $(PY):
 $(VENV)/.installed: $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || \
 	  { [ -n "$(TORCH_WHEEL)" ] && $(PIP) install "$(TORCH_WHEEL)" || $(PIP) install "torch>=2.2"; }
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,all]'  # the optional extras too, so the suite skips nothing
 	@touch $@
 
 install: $(VENV)/.installed

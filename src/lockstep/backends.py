@@ -52,9 +52,14 @@ class InferenceStats:
 
 
 class InferenceBackend(Protocol):
-    async def infer(self, member: int, obs: np.ndarray, keys: np.ndarray,
-                    counters: np.ndarray) -> InferenceResult | None:
-        """Actions for one actor's request; None means "no action, send the step again"."""
+    state_size: int  # recurrent state per env slot that sessions keep and pass in (0: a feedforward policy)
+
+    async def infer(self, member: int, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray,
+                    state: np.ndarray | None = None) -> InferenceResult | None:
+        """Actions for one actor's request; None means "no action, send the step again".
+
+        ``state`` [k, S]: the slots' recurrent state, reset where an episode starts; the result
+        carries the state after the step."""
 
     def join(self, member: int, num_envs: int) -> None:
         """An actor with ``num_envs`` slots connected; called before any of its requests."""
@@ -86,6 +91,7 @@ class SnapshotBackend:
                  audit: AuditWriter | None, reference: ReferenceSync | None = None) -> None:
         self._trainer, self._audit, self._jitter = trainer, audit, jitter
         self._snapshot = self._build()
+        self.state_size = self._snapshot.state_size
         self.batcher = Batcher(lambda: self._snapshot, config.learner.max_batch,
                                config.learner.max_wait_ms / 1000.0, expected)
 
@@ -101,11 +107,11 @@ class SnapshotBackend:
     def leave(self, member: int) -> None:
         self.batcher.remove(member)
 
-    async def infer(self, member, obs, keys, counters):
+    async def infer(self, member, obs, keys, counters, state=None):
         delay = self._jitter.seconds()
         if delay:
             await asyncio.sleep(delay)
-        return await self.batcher.infer(obs, keys, counters, member=member)
+        return await self.batcher.infer(obs, keys, counters, member=member, state=state)
 
     def train(self, update):
         return update()
@@ -142,7 +148,11 @@ class ParameterStamps:
 
 
 class InPlaceBackend:
-    """The reference designs: one live model, the strategy's flags around every pass and every update."""
+    """The reference designs: one live model, the strategy's flags around every pass and every update.
+
+    Feedforward policies only (the config refuses an LSTM with these strategies)."""
+
+    state_size = 0
 
     def __init__(self, trainer: Trainer, config: Config, expected: Callable[[], int], jitter: Jitter,
                  audit: AuditWriter | None, reference: ReferenceSync | None = None) -> None:
@@ -163,7 +173,7 @@ class InPlaceBackend:
     def leave(self, member: int) -> None:
         pass
 
-    async def infer(self, member, obs, keys, counters):
+    async def infer(self, member, obs, keys, counters, state=None):
         delay = self._jitter.seconds()
         if delay:
             await asyncio.sleep(delay)

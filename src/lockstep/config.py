@@ -23,6 +23,7 @@ import yaml
 from lockstep.sync import NAMES as SYNC_NAMES
 
 TRANSPORTS = ("shm", "grpc", "inprocess")  # learner.transport
+MODEL_KINDS = ("auto", "mlp", "nature-cnn", "small-cnn")  # model.kind
 
 
 @dataclass
@@ -59,9 +60,12 @@ class PPOConfig:
 
 @dataclass
 class ModelConfig:
-    hidden: list[int] = field(default_factory=lambda: [64, 64])
-    activation: str = "tanh"  # tanh or relu
+    # auto: the MLP for flat observations, a CNN for images [C, H, W] (nature-cnn from 36 pixels up, else small-cnn)
+    kind: str = "auto"
+    hidden: list[int] = field(default_factory=lambda: [64, 64])  # the MLP's layers
+    activation: str = "tanh"  # the MLP's: tanh or relu
     init_log_std: float = 0.0  # Gaussian head only
+    lstm_size: int = 0  # > 0: an LSTM of this size after the torso; the learner keeps each env slot's state
 
 
 @dataclass
@@ -156,6 +160,12 @@ class Config:
              f"sync.max_lag must be at least 1 (0 is sync.strategy=strict), got {self.sync.max_lag}"),
             (self.learner.transport in TRANSPORTS,
              f"learner.transport must be one of {', '.join(TRANSPORTS)}, got {self.learner.transport!r}"),
+            (self.model.kind in MODEL_KINDS,
+             f"model.kind must be one of {', '.join(MODEL_KINDS)}, got {self.model.kind!r}"),
+            (self.model.lstm_size >= 0, f"model.lstm_size must be 0 (no LSTM) or positive, got {self.model.lstm_size}"),
+            (self.model.lstm_size == 0 or self.sync.strategy in ("strict", "pipelined"),
+             f"model.lstm_size > 0 needs sync.strategy strict or pipelined (snapshots keep the recurrent state "
+             f"per slot); {self.sync.strategy!r} updates the model in place"),
             (self.model.activation in ("tanh", "relu"),
              f"model.activation must be tanh or relu, got {self.model.activation!r}"),
         ]

@@ -24,31 +24,44 @@ import numpy as np
 import torch
 
 from lockstep import noise
-from lockstep.models import ActorCritic, ObsNormalizer
+from lockstep.models import ObsNormalizer, Policy
 
 _TINY = float(np.finfo(np.float32).tiny)
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
 
 
-def act(model: ActorCritic, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.ndarray,
+def act(model: Policy, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.ndarray,
         device: torch.device, between: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The one sampling function: obs [B, *obs], uniform [B, w] -> action [B, *act], log-prob [B], value [B].
 
     Used by snapshots and by the in-place backend alike, so every strategy samples
-    the same action from the same parameters and noise. ``between``: see ``ActorCritic.sample``.
+    the same action from the same parameters and noise. ``between``: see ``Policy.sample``.
     """
     with torch.inference_mode():
         x = normalize(torch.as_tensor(obs, device=device))
-        # float32 rounds uniforms within 2**-25 of 1 up to 1.0, where Gumbel noise is infinite
-        u = torch.as_tensor(uniform, dtype=torch.float32, device=device).clamp_(_TINY, _BELOW_ONE)
-        action, logprob, value = model.sample(x, u, between=between)
+        action, logprob, value = model.sample(x, _noise(uniform, device), between=between)
         return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy()
+
+
+def act_recurrent(model: Policy, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.ndarray, state: np.ndarray,
+                  device: torch.device) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``act`` for a recurrent policy: also state [B, S] in (reset where episodes start), next state [B, S] out."""
+    with torch.inference_mode():
+        x = normalize(torch.as_tensor(obs, device=device))
+        h = torch.as_tensor(state, dtype=torch.float32, device=device)
+        action, logprob, value, after = model.sample_step(x, _noise(uniform, device), h)
+        return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy(), after.cpu().numpy()
+
+
+def _noise(uniform: np.ndarray, device: torch.device) -> torch.Tensor:
+    # float32 rounds uniforms within 2**-25 of 1 up to 1.0, where Gumbel noise is infinite
+    return torch.as_tensor(uniform, dtype=torch.float32, device=device).clamp_(_TINY, _BELOW_ONE)
 
 
 class PolicySnapshot:
     """Version ``version`` of the policy, frozen."""
 
-    def __init__(self, version: int, model: ActorCritic, obs_mean: np.ndarray | None,
+    def __init__(self, version: int, model: Policy, obs_mean: np.ndarray | None,
                  obs_var: np.ndarray | None, clip_obs: float, device: torch.device) -> None:
         self.version = version
         self.device = device
@@ -57,9 +70,20 @@ class PolicySnapshot:
         self.obs_mean = None if obs_mean is None else np.array(obs_mean)
         self.obs_var = None if obs_var is None else np.array(obs_var)
 
+    @property
+    def state_size(self) -> int:
+        """Recurrent state per env slot (0: a feedforward policy)."""
+        return self.model.state_size
+
     def act(self, obs: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """obs [B, *obs], uniform [B, w] -> action [B, *act], log-prob [B] float32, value [B] float32."""
         return act(self.model, self.normalize, obs, uniform, self.device)
+
+    def step(self, obs: np.ndarray, uniform: np.ndarray, state: np.ndarray | None) -> Outputs:
+        """``act`` for any policy: the next state [B, S] comes back for a recurrent one, None otherwise."""
+        if self.model.state_size == 0:
+            return (*self.act(obs, uniform), None)
+        return act_recurrent(self.model, self.normalize, obs, uniform, state, self.device)
 
 
 @dataclass
@@ -69,6 +93,7 @@ class InferenceResult:
     values: np.ndarray
     version: int
     torn: bool = False  # the forward pass read parameters of two versions (in-place strategies only)
+    state: np.ndarray | None = None  # [k, S] each slot's recurrent state after this step (recurrent policies)
 
 
 @dataclass
@@ -78,17 +103,19 @@ class _Pending:
     counters: np.ndarray  # [k] uint64
     future: asyncio.Future
     member: int | None = None
+    state: np.ndarray | None = None  # [k, S] recurrent state going in
 
 
 class _Layout:
     """Fixed rows for every placed member: members in id order, each member's slots in env order.
 
-    ``obs`` [R, *obs] and ``uniform`` [R, w] hold the input of every row, R being the placed slots.
+    ``obs`` [R, *obs], ``uniform`` [R, w] and ``state`` [R, S] hold the input of every row, R being
+    the placed slots (``state`` is empty, S = 0, for a feedforward policy).
     Rows nobody asked for in a flush keep what they last held (finite observations and noise in
     (0, 1)), so the pass over them is valid and its results for them are discarded.
     """
 
-    def __init__(self, placed: dict[int, int], block_rows: int, obs: np.ndarray, width: int) -> None:
+    def __init__(self, placed: dict[int, int], block_rows: int, obs: np.ndarray, width: int, state_size: int) -> None:
         self.rows = dict(sorted(placed.items()))  # member -> slots
         self.offsets: dict[int, int] = {}  # member -> its first row
         total = 0
@@ -100,6 +127,7 @@ class _Layout:
         self.width = width
         self.obs = _aligned_zeros((total, *obs.shape[1:]), obs.dtype)  # [R, *obs], the pass reads it in place
         self.uniform = np.full((total, width), 0.5)  # [R, w] float64, like noise.uniform (the pass converts it)
+        self.state = np.zeros((total, state_size), np.float32)  # [R, S]
 
     def fits(self, p: _Pending, width: int) -> bool:
         """``p`` can use its member's rows: the member is placed with this many slots, same observation layout."""
@@ -114,7 +142,8 @@ class _Layout:
         return b * self.block_rows, min(self.total, (b + 1) * self.block_rows)
 
 
-Outputs = tuple[np.ndarray, np.ndarray, np.ndarray]  # actions [n, *act], log-probs [n], values [n]
+Outputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]  # actions [n, *act], log-probs [n],
+# values [n], next recurrent states [n, S] (None for a feedforward policy)
 
 
 def _aligned_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -175,11 +204,12 @@ class Batcher:
             self._layout = None
 
     async def infer(self, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray,
-                    member: int | None = None) -> InferenceResult:
-        """Actions for one request: obs [k, *obs], keys and counters [k]; ``member``: whose rows it uses."""
+                    member: int | None = None, state: np.ndarray | None = None) -> InferenceResult:
+        """Actions for one request: obs [k, *obs], keys and counters [k]; ``member``: whose rows it uses;
+        ``state`` [k, S]: the slots' recurrent state (recurrent policies only)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._pending.append(_Pending(obs, keys, counters, future, member))
+        self._pending.append(_Pending(obs, keys, counters, future, member, state))
         self._pending_rows += len(obs)
         if self._pending_rows >= self.max_batch or len(self._pending) >= self._expected():
             self.flush()
@@ -199,7 +229,7 @@ class Batcher:
         snapshot = self._snapshot()
         try:
             width = snapshot.model.noise_width
-            placed, loose = self._assign(pending, width)
+            placed, loose = self._assign(pending, width, snapshot.state_size)
             answers, passes = self._fixed_passes(snapshot, placed) if placed else ({}, 0)
             if loose:
                 answers.update(self._loose_pass(snapshot, loose))
@@ -213,10 +243,11 @@ class Batcher:
         self.forward_passes += passes
         self.rows_inferred += sum(len(p.obs) for p in pending)
         for p in pending:
-            actions, logprobs, values = answers[id(p)]
-            p.future.set_result(InferenceResult(actions, logprobs, values, snapshot.version))
+            actions, logprobs, values, state = answers[id(p)]
+            p.future.set_result(InferenceResult(actions, logprobs, values, snapshot.version, state=state))
 
-    def _assign(self, pending: list[_Pending], width: int) -> tuple[list[tuple[_Pending, int]], list[_Pending]]:
+    def _assign(self, pending: list[_Pending], width: int,
+                state_size: int) -> tuple[list[tuple[_Pending, int]], list[_Pending]]:
         """Split ``pending`` into (request, first row) pairs on the fixed layout and the loose rest."""
         layout = self._layout
         placed: list[tuple[_Pending, int]] = []
@@ -226,8 +257,8 @@ class Batcher:
             if p.member is None or p.member not in self._placed or p.member in taken:
                 loose.append(p)
                 continue
-            if layout is None or layout.width != width:
-                layout = self._layout = _Layout(self._placed, max(1, self.max_batch), p.obs, width)
+            if layout is None or layout.width != width or layout.state.shape[1] != state_size:
+                layout = self._layout = _Layout(self._placed, max(1, self.max_batch), p.obs, width, state_size)
             if layout.fits(p, width):
                 placed.append((p, layout.offsets[p.member]))
                 taken.add(p.member)
@@ -247,30 +278,36 @@ class Batcher:
             # Every row was asked for (the usual strict flush): the requests in layout order are the
             # layout's input, row for row, written in one concatenation.
             obs = np.concatenate([p.obs for p, _ in placed], out=layout.obs)  # [R, *obs]
+            state = layout.state
+            if state.shape[1]:
+                np.concatenate([p.state for p, _ in placed], out=state)  # [R, S]
             used = range(len(layout.blocks(0, layout.total)))
         else:  # the others' rows keep what they held: valid input whose results nobody takes
-            obs, uniform_rows, uniform = layout.obs, uniform, layout.uniform
+            obs, uniform_rows, uniform, state = layout.obs, uniform, layout.uniform, layout.state
             used = set()
             i = 0
             for p, first in placed:
                 k = len(p.obs)
                 obs[first:first + k] = p.obs
                 uniform[first:first + k] = uniform_rows[i:i + k]
+                if state.shape[1]:
+                    state[first:first + k] = p.state
                 used.update(layout.blocks(first, first + k))
                 i += k
         outputs: dict[int, tuple[int, Outputs]] = {}  # block -> (its first row, its outputs)
         for b in sorted(used):
             lo, hi = layout.block(b)
-            outputs[b] = lo, snapshot.act(obs[lo:hi], uniform[lo:hi])  # always the whole block
+            outputs[b] = lo, snapshot.step(obs[lo:hi], uniform[lo:hi], state[lo:hi])  # always the whole block
         answers: dict[int, Outputs] = {}
         for p, first in placed:
             end = first + len(p.obs)
             cut = []  # the request's rows of each block it spans (one block unless the layout exceeds max_batch)
             for b in layout.blocks(first, end):
-                lo, (actions, logprobs, values) = outputs[b]
+                lo, out = outputs[b]
                 a, z = max(first, lo) - lo, end - lo
-                cut.append((actions[a:z], logprobs[a:z], values[a:z]))
-            answers[id(p)] = cut[0] if len(cut) == 1 else tuple(np.concatenate(c) for c in zip(*cut))
+                cut.append(tuple(None if x is None else x[a:z] for x in out))
+            answers[id(p)] = cut[0] if len(cut) == 1 else tuple(
+                None if c[0] is None else np.concatenate(c) for c in zip(*cut))
         return answers, len(used)
 
     @staticmethod
@@ -279,11 +316,12 @@ class Batcher:
         obs = np.concatenate([p.obs for p in loose])  # also makes message bytes writable for torch
         keys = np.concatenate([p.keys for p in loose])
         counters = np.concatenate([p.counters for p in loose])
-        actions, logprobs, values = snapshot.act(obs, noise.uniform(keys, counters, snapshot.model.noise_width))
+        state = np.concatenate([p.state for p in loose]) if snapshot.state_size else None
+        out = snapshot.step(obs, noise.uniform(keys, counters, snapshot.model.noise_width), state)
         answers: dict[int, Outputs] = {}
         offset = 0
         for p in loose:
             n = len(p.obs)
-            answers[id(p)] = (actions[offset:offset + n], logprobs[offset:offset + n], values[offset:offset + n])
+            answers[id(p)] = tuple(None if x is None else x[offset:offset + n] for x in out)
             offset += n
         return answers

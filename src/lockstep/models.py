@@ -1,4 +1,8 @@
-"""Policies: an MLP actor-critic with a Categorical or a Gaussian head, and the observation normalizer.
+"""Policies: MLP, CNN and LSTM actor-critics with a Categorical or a Gaussian head, and the observation normalizer.
+
+``build_policy`` picks the network from the observation space and the ``model`` config section:
+an MLP for flat observations, the Nature CNN for Atari frames, a small CNN for MinAtar, each
+optionally followed by an LSTM (``model.lstm_size``).
 
 Actions are sampled from externally supplied uniform noise (see ``noise.py``)
 rather than a global RNG, so each env slot draws from its own reproducible
@@ -14,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lockstep.config import MODEL_KINDS, ModelConfig
 from lockstep.envs import SpaceSpec
 
 LOG_2PI = math.log(2 * math.pi)
@@ -36,18 +41,25 @@ def _mlp(inp: int, hidden: list[int], out: int, activation: str, out_gain: float
     return nn.Sequential(*layers)
 
 
-class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs (CleanRL's layout and initialization)."""
+class Policy(nn.Module):
+    """What lockstep needs of a policy network: an action head over features of the observation.
 
-    def __init__(self, observation: SpaceSpec, action: SpaceSpec, hidden: list[int],
-                 activation: str = "tanh", init_log_std: float = 0.0) -> None:
+    Subclasses set ``actor`` (features -> action logits or Gaussian means) and ``critic``
+    (features -> value) through ``features``. Discrete actions are Categorical over ``action_dim``
+    choices; Box actions a diagonal Gaussian with a state-independent ``log_std``. Actions are
+    sampled from given uniform noise (``noise_width`` numbers per row), never from a global RNG.
+
+    ``state_size`` is 0 for a feedforward policy. A recurrent policy (``RecurrentPolicy``) keeps
+    ``state_size`` floats per env slot between steps; the learner stores them (see ``sample_step``).
+    """
+
+    state_size = 0
+
+    def __init__(self, action: SpaceSpec, init_log_std: float = 0.0) -> None:
         super().__init__()
-        obs_dim = int(np.prod(observation.shape))
-        self.discrete = action.kind == "discrete"
+        self.discrete = action.discrete
         self.action_dim = action.n if self.discrete else int(np.prod(action.shape))
         self.action_shape = () if self.discrete else tuple(action.shape)
-        self.critic = _mlp(obs_dim, hidden, 1, activation, 1.0)
-        self.actor = _mlp(obs_dim, hidden, self.action_dim, activation, 0.01)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(init_log_std)))
 
@@ -56,49 +68,59 @@ class ActorCritic(nn.Module):
         """Uniform numbers needed per sampled action."""
         return self.action_dim if self.discrete else 2 * self.action_dim
 
+    def features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs [B, *obs] -> (policy head output [B, action_dim], value [B])."""
+        raise NotImplementedError
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """[B, *obs] -> [B]"""
-        return self.critic(obs.flatten(1)).squeeze(-1)
+        return self.features(obs)[1]
 
     def sample(self, obs: torch.Tensor, uniform: torch.Tensor,
                between: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample actions with the given noise. obs [B, *obs], uniform [B, noise_width] in (0, 1).
 
-        Returns action [B, *act], log-prob [B], value [B]. ``between`` runs after the
-        policy head and before the value head (adversarial tests widen the window in
-        which an in-place update could tear a forward pass).
+        Returns action [B, *act], log-prob [B], value [B]. ``between`` runs after the forward
+        pass and before sampling (adversarial tests widen the window in which an in-place update
+        could tear a pass; ``ActorCritic`` runs it between its two networks).
         """
-        flat = obs.flatten(1)
-        out = self.actor(flat)
+        out, value = self.features(obs)
         if between is not None:
             between()
-        value = self.critic(flat).squeeze(-1)
+        action, logprob = self.sample_head(out, uniform)
+        return action, logprob, value
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-prob [B], entropy [B] and value [B] of given actions under the current parameters."""
+        out, value = self.features(obs)
+        logprob, entropy = self.evaluate_head(out, action)
+        return logprob, entropy, value
+
+    def sample_head(self, out: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head output [B, action_dim], noise [B, noise_width] -> action [B, *act], log-prob [B]."""
         if self.discrete:
             logits = out.log_softmax(-1)  # [B, n]
             gumbel = -torch.log(-torch.log(uniform))  # Gumbel-max: argmax(logits + g) ~ Categorical
             action = (logits + gumbel).argmax(-1)
-            return action, logits.gather(-1, action[:, None]).squeeze(-1), value
+            return action, logits.gather(-1, action[:, None]).squeeze(-1)
         u1, u2 = uniform[:, : self.action_dim], uniform[:, self.action_dim:]
         z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)  # Box-Muller: z ~ N(0, 1)
         action = out + self.log_std.exp() * z
         # The log-prob of the float32 action that is returned and stored, not of z: with a small std
         # and a large mean the action keeps only part of z's precision, and training and the audit
         # recompute the log-prob from the stored action (``evaluate``), so the two must be one formula.
-        return action.reshape(-1, *self.action_shape), self._gaussian_logprob(out, action), value
+        return action.reshape(-1, *self.action_shape), self._gaussian_logprob(out, action)
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Log-prob [B], entropy [B] and value [B] of given actions under the current parameters."""
-        flat = obs.flatten(1)
-        out = self.actor(flat)
-        value = self.critic(flat).squeeze(-1)
+    def evaluate_head(self, out: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head output [B, action_dim], actions [B, *act] -> log-prob [B], entropy [B]."""
         if self.discrete:
             logits = out.log_softmax(-1)
             logprob = logits.gather(-1, action.long()[:, None]).squeeze(-1)
             entropy = -(logits.exp() * logits).sum(-1)
-            return logprob, entropy, value
+            return logprob, entropy
         a = action.reshape(action.shape[0], -1)
         entropy = (0.5 + 0.5 * LOG_2PI + self.log_std).sum().expand(a.shape[0])
-        return self._gaussian_logprob(out, a), entropy, value
+        return self._gaussian_logprob(out, a), entropy
 
     def _gaussian_logprob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Log-density [B] of flat actions [B, d] under N(mean, exp(log_std)^2), summed over dimensions.
@@ -107,6 +129,213 @@ class ActorCritic(nn.Module):
         (``evaluate``), so that on the same rows they are bit-identical.
         """
         return (-0.5 * ((action - mean) / self.log_std.exp()).pow(2) - self.log_std - 0.5 * LOG_2PI).sum(-1)
+
+
+class ActorCritic(Policy):
+    """Separate actor and critic MLPs on flat observations (CleanRL's ``ppo.py`` layout and initialization)."""
+
+    def __init__(self, observation: SpaceSpec, action: SpaceSpec, hidden: list[int],
+                 activation: str = "tanh", init_log_std: float = 0.0) -> None:
+        super().__init__(action, init_log_std)
+        obs_dim = int(np.prod(observation.shape))
+        self.critic = _mlp(obs_dim, hidden, 1, activation, 1.0)
+        self.actor = _mlp(obs_dim, hidden, self.action_dim, activation, 0.01)
+
+    def features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = obs.flatten(1)
+        return self.actor(flat), self.critic(flat).squeeze(-1)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs.flatten(1)).squeeze(-1)
+
+    def sample(self, obs: torch.Tensor, uniform: torch.Tensor,
+               between: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        flat = obs.flatten(1)
+        out = self.actor(flat)
+        if between is not None:  # between the two networks: a torn read mixes versions across them
+            between()
+        value = self.critic(flat).squeeze(-1)
+        action, logprob = self.sample_head(out, uniform)
+        return action, logprob, value
+
+
+def nature_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int]:
+    """Mnih et al. (2015)'s torso for 84x84 frames, CleanRL's ``ppo_atari.py`` init: 512 features.
+
+    [B, C, H, W] uint8 or float in [0, 255] -> [B, 512]; the pixels are scaled here, on the learner.
+    """
+    conv = nn.Sequential(
+        _conv(channels, 32, 8, 4), nn.ReLU(),
+        _conv(32, 64, 4, 2), nn.ReLU(),
+        _conv(64, 64, 3, 1), nn.ReLU(),
+        nn.Flatten(),
+    )
+    with torch.no_grad():
+        flat = conv(torch.zeros(1, channels, *size)).shape[1]
+    return nn.Sequential(_Scale(1 / 255), *conv, _layer(flat, 512, math.sqrt(2)), nn.ReLU()), 512
+
+
+def small_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int]:
+    """Young and Tian (2019)'s MinAtar torso: one 3x3 convolution with 16 filters, then 128 units.
+
+    [B, C, 10, 10] in {0, 1} -> [B, 128].
+    """
+    conv = nn.Sequential(_conv(channels, 16, 3, 1), nn.ReLU(), nn.Flatten())
+    with torch.no_grad():
+        flat = conv(torch.zeros(1, channels, *size)).shape[1]
+    return nn.Sequential(_Scale(1.0), *conv, _layer(flat, 128, math.sqrt(2)), nn.ReLU()), 128
+
+
+def mlp_torso(inp: int, hidden: list[int], activation: str) -> tuple[nn.Sequential, int]:
+    """Flat observations -> the last hidden layer's activations."""
+    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for width in hidden:
+        layers += [_layer(inp, width, math.sqrt(2)), act()]
+        inp = width
+    return nn.Sequential(*layers), inp
+
+
+class TorsoActorCritic(Policy):
+    """A shared torso (a CNN for images) with a linear policy head and a linear value head."""
+
+    def __init__(self, torso: nn.Module, width: int, action: SpaceSpec, init_log_std: float = 0.0) -> None:
+        super().__init__(action, init_log_std)
+        self.torso = torso
+        self.actor = _layer(width, self.action_dim, 0.01)
+        self.critic = _layer(width, 1, 1.0)
+
+    def features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.torso(obs)
+        return self.actor(hidden), self.critic(hidden).squeeze(-1)
+
+
+class RecurrentPolicy(Policy):
+    """A torso, an LSTM and linear heads; the LSTM's (h, c) is the state the learner keeps per env slot.
+
+    The state of B slots travels as one float32 array [B, 2 * size] (h, then c). A slot's state is
+    reset to zeros where its episode starts; ``starts`` [T, B] marks those steps in a sequence.
+    """
+
+    def __init__(self, torso: nn.Module, width: int, size: int, action: SpaceSpec, init_log_std: float = 0.0) -> None:
+        super().__init__(action, init_log_std)
+        self.torso = torso
+        self.lstm = nn.LSTM(width, size)
+        for name, param in self.lstm.named_parameters():
+            if "bias" in name:
+                nn.init.zeros_(param)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+        self.size = size
+        self.state_size = 2 * size
+        self.actor = _layer(size, self.action_dim, 0.01)
+        self.critic = _layer(size, 1, 1.0)
+
+    def initial_state(self, slots: int) -> np.ndarray:
+        return np.zeros((slots, self.state_size), np.float32)
+
+    def core(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs [T, B, *obs], starts [T, B], state [B, 2H] -> LSTM outputs [T, B, H], states after each step [T, B, 2H].
+
+        One step at a time, zeroing the state where an episode starts, so training, the audit and
+        inference (which runs single steps) compute the same numbers.
+        """
+        T, B = starts.shape
+        x = self.torso(obs.reshape(T * B, *obs.shape[2:])).reshape(T, B, -1)  # [T, B, width]
+        h, c = state[:, : self.size], state[:, self.size:]
+        outputs, states = [], []
+        for t in range(T):
+            keep = (1.0 - starts[t].float())[:, None]  # [B, 1]
+            out, (h1, c1) = self.lstm(x[t][None], ((h * keep)[None].contiguous(), (c * keep)[None].contiguous()))
+            h, c = h1[0], c1[0]
+            outputs.append(out[0])
+            states.append(torch.cat([h, c], -1))
+        return torch.stack(outputs), torch.stack(states)
+
+    def sample_step(self, obs: torch.Tensor, uniform: torch.Tensor, state: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step: obs [B, *obs], noise [B, w], state [B, 2H] (already reset where episodes start)
+        -> action [B, *act], log-prob [B], value [B], next state [B, 2H]."""
+        starts = torch.zeros(1, obs.shape[0], device=obs.device)
+        out, states = self.core(obs[None], starts, state)
+        action, logprob = self.sample_head(self.actor(out[0]), uniform)
+        return action, logprob, self.critic(out[0]).squeeze(-1), states[0]
+
+    def evaluate_sequence(self, obs: torch.Tensor, action: torch.Tensor, starts: torch.Tensor, state: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """obs [T, B, *obs], actions [T, B, *act], starts [T, B], state [B, 2H] -> log-prob, entropy, value [T, B]."""
+        T, B = starts.shape
+        out, _ = self.core(obs, starts, state)
+        flat = out.reshape(T * B, -1)
+        logprob, entropy = self.evaluate_head(self.actor(flat), action.reshape(T * B, *action.shape[2:]))
+        return logprob.reshape(T, B), entropy.reshape(T, B), self.critic(flat).reshape(T, B)
+
+    def evaluate_step(self, obs: torch.Tensor, action: torch.Tensor, state: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of given actions: obs [B, *obs], actions [B, *act], state [B, 2H] -> log-prob [B], next state."""
+        out, states = self.core(obs[None], torch.zeros(1, obs.shape[0], device=obs.device), state)
+        return self.evaluate_head(self.actor(out[0]), action)[0], states[0]
+
+    def values_sequence(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs [T, B, *obs], starts [T, B], state [B, 2H] -> values [T, B], states after each step [T, B, 2H]."""
+        out, states = self.core(obs, starts, state)
+        return self.critic(out).squeeze(-1), states
+
+    def value_after(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """V of observations [M, *obs] that follow states [M, 2H] (no reset): the bootstrap values."""
+        out, _ = self.core(obs[None], torch.zeros(1, obs.shape[0], device=obs.device), state)
+        return self.critic(out[0]).squeeze(-1)
+
+    def features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise TypeError("a recurrent policy needs its state: use sample_step / evaluate_sequence")
+
+
+class _Scale(nn.Module):
+    """Multiply by a constant after converting to float (pixels travel as uint8)."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() * self.factor
+
+
+def _conv(inp: int, out: int, kernel: int, stride: int) -> nn.Conv2d:
+    layer = nn.Conv2d(inp, out, kernel, stride)
+    nn.init.orthogonal_(layer.weight, math.sqrt(2))
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def torso_kind(observation: SpaceSpec, kind: str) -> str:
+    """``model.kind`` resolved: auto takes a CNN for image observations [C, H, W] (the Nature CNN from
+    36 pixels up, the small MinAtar CNN below) and the MLP for everything else."""
+    if kind != "auto":
+        return kind
+    if len(observation.shape) == 3:
+        return "nature-cnn" if min(observation.shape[1:]) >= 36 else "small-cnn"
+    return "mlp"
+
+
+def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Policy:
+    """The policy the config names, for these spaces."""
+    kind = torso_kind(observation, model.kind)
+    if kind in ("nature-cnn", "small-cnn"):
+        if len(observation.shape) != 3:
+            raise ValueError(f"model.kind {kind} needs image observations [C, H, W], got shape {observation.shape}")
+        make = nature_cnn if kind == "nature-cnn" else small_cnn
+        torso, width = make(observation.shape[0], tuple(observation.shape[1:]))
+    elif kind == "mlp":
+        if model.lstm_size == 0:
+            return ActorCritic(observation, action, model.hidden, model.activation, model.init_log_std)
+        torso, width = mlp_torso(int(np.prod(observation.shape)), model.hidden, model.activation)
+    else:
+        raise ValueError(f"unknown model.kind {kind!r}; kinds: {', '.join(MODEL_KINDS)}")
+    if model.lstm_size > 0:
+        return RecurrentPolicy(torso, width, model.lstm_size, action, model.init_log_std)
+    return TorsoActorCritic(torso, width, action, model.init_log_std)
 
 
 class RunningMeanStd:

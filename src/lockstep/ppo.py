@@ -7,6 +7,7 @@ policy versions. Shapes: T steps, N env slots, B = T * N samples.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -78,25 +79,25 @@ class UpdateStats:
     gradient_steps: int
 
 
-def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor,
-           old_logprob: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
-           *, epochs: int, minibatches: int, clip_coef: float, clip_vloss: bool, vf_coef: float,
-           ent_coef: float, max_grad_norm: float, norm_adv: bool, target_kl: float | None,
-           generator: torch.Generator | None = None) -> UpdateStats:
-    """Epochs x minibatches gradient steps on flattened samples ([B, ...]), each sample once per epoch.
+Minibatch = tuple[torch.Tensor, ...]  # (new log-prob, old log-prob, advantages, new value, old value, returns,
+#                                       entropy), each [b]: the samples of one minibatch, new_* with gradients
 
-    ``model.evaluate(obs, actions)`` must return (log-prob, entropy, value), each [B].
-    """
-    B = obs.shape[0]
+
+def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Callable[[torch.Tensor], Minibatch],
+             units: int, *, epochs: int, minibatches: int, clip_coef: float, clip_vloss: bool, vf_coef: float,
+             ent_coef: float, max_grad_norm: float, norm_adv: bool, target_kl: float | None,
+             generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> UpdateStats:
+    """Epochs x minibatches gradient steps. Each epoch shuffles ``units`` (samples, or whole slots for a
+    recurrent policy) and splits them into ``minibatches`` groups; ``minibatch(indices)`` evaluates one group."""
     sums = torch.zeros(5)
     steps = 0
     for _ in range(epochs):
-        order = torch.randperm(B, generator=generator, device="cpu").to(obs.device)
-        for idx in torch.tensor_split(order, min(minibatches, B)):  # every sample once per epoch
-            new_logprob, entropy, new_value = model.evaluate(obs[idx], actions[idx])
-            parts = ppo_loss(new_logprob, old_logprob[idx], advantages[idx], new_value, old_value[idx],
-                             returns[idx], entropy, clip_coef=clip_coef, clip_vloss=clip_vloss,
-                             vf_coef=vf_coef, ent_coef=ent_coef, norm_adv=norm_adv)
+        order = torch.randperm(units, generator=generator, device="cpu").to(device)
+        for idx in torch.tensor_split(order, min(minibatches, units)):  # every unit once per epoch
+            new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy = minibatch(idx)
+            parts = ppo_loss(new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy,
+                             clip_coef=clip_coef, clip_vloss=clip_vloss, vf_coef=vf_coef, ent_coef=ent_coef,
+                             norm_adv=norm_adv)
             optimizer.zero_grad(set_to_none=True)
             parts.loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -108,3 +109,37 @@ def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor
             break
     means = (sums / max(steps, 1)).tolist()
     return UpdateStats(*means, gradient_steps=steps)
+
+
+def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor,
+           old_logprob: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
+           **settings) -> UpdateStats:
+    """PPO on flattened samples ([B, ...]), each sample once per epoch; ``settings``: see ``optimize``.
+
+    ``model.evaluate(obs, actions)`` must return (log-prob, entropy, value), each [B].
+    """
+    def minibatch(idx: torch.Tensor) -> Minibatch:
+        new_logprob, entropy, new_value = model.evaluate(obs[idx], actions[idx])
+        return new_logprob, old_logprob[idx], advantages[idx], new_value, old_value[idx], returns[idx], entropy
+
+    return optimize(model, optimizer, minibatch, obs.shape[0], device=obs.device, **settings)
+
+
+def update_recurrent(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor,
+                     starts: torch.Tensor, initial_state: torch.Tensor, valid: torch.Tensor, old_logprob: torch.Tensor,
+                     advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
+                     **settings) -> UpdateStats:
+    """PPO with backpropagation through time: minibatches of whole slots, each replayed over its T steps.
+
+    obs [T, N, *obs], actions [T, N, *act], starts [T, N] (episode starts, where the state resets),
+    initial_state [N, S], valid [T, N] (False past a slot cut short), the rest [T, N].
+    ``model.evaluate_sequence(obs, actions, starts, state)`` must return (log-prob, entropy, value), each [T, n].
+    """
+    def minibatch(slots: torch.Tensor) -> Minibatch:
+        new_logprob, entropy, new_value = model.evaluate_sequence(
+            obs[:, slots], actions[:, slots], starts[:, slots], initial_state[slots])  # [T, n] each
+        keep = valid[:, slots]  # [T, n] -> the minibatch's samples
+        return (new_logprob[keep], old_logprob[:, slots][keep], advantages[:, slots][keep], new_value[keep],
+                old_value[:, slots][keep], returns[:, slots][keep], entropy[keep])
+
+    return optimize(model, optimizer, minibatch, obs.shape[1], device=obs.device, **settings)

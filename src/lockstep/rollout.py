@@ -25,8 +25,11 @@ class Unroll:
     """T steps of one member's k env slots, collected in one phase."""
 
     def __init__(self, member: int, num_envs: int, steps: int, obs_shape: tuple[int, ...],
-                 obs_dtype: np.dtype, act_shape: tuple[int, ...], act_dtype: np.dtype) -> None:
+                 obs_dtype: np.dtype, act_shape: tuple[int, ...], act_dtype: np.dtype,
+                 initial_state: np.ndarray | None = None) -> None:
         self.member = member
+        # [k, S] the recurrent state the slots' first step was acted with (None: a feedforward policy)
+        self.initial_state = None if initial_state is None else np.array(initial_state, np.float32)
         T, k = steps, num_envs
         self.obs = np.zeros((T, k, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros((T, k, *act_shape), dtype=act_dtype)
@@ -92,6 +95,15 @@ class Batch:
     final_t: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [M] step of each truncation
     final_n: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [M] slot of each truncation
     final_obs: np.ndarray | None = None  # [M, *obs] last observation of each truncated episode
+    initial_state: np.ndarray | None = None  # [N, S] recurrent state at each slot's first step (recurrent only)
+
+    @property
+    def starts(self) -> np.ndarray:
+        """[T, N] True where a step begins a new episode within the unroll (its state was reset to zeros):
+        the step after one that terminated or truncated. Step 0's reset is already in ``initial_state``."""
+        starts = np.zeros_like(self.terminated)
+        starts[1:] = self.terminated[:-1] | self.truncated[:-1]
+        return starts
 
     @property
     def num_steps(self) -> int:
@@ -147,6 +159,8 @@ def assemble(version: int, unrolls: list[Unroll]) -> Batch:
         final_n=np.concatenate([idx for _, idx, _ in finals]) if finals else np.zeros(0, np.int64),
         final_obs=(np.concatenate([obs for _, _, obs in finals], axis=0) if finals
                    else np.zeros((0, *obs_shape), dtype=unrolls[0].obs.dtype)),
+        initial_state=(None if unrolls[0].initial_state is None
+                       else np.concatenate([u.initial_state for u in unrolls], axis=0)),
     )
 
 

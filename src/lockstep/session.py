@@ -157,6 +157,10 @@ class Session:
         self.unroll: Unroll | None = None
         self.last_step: int | None = None  # step of the unroll the last action was recorded at
         self.pending: tuple[Admission, np.ndarray] | None = None  # admitted, not yet answered (a retry)
+        # Recurrent policies: each slot's state, kept here between requests (SEED's design). A new session
+        # (a new run id: an actor that started or reconnected) starts from zeros; an episode's end resets it.
+        size = sessions.backend.state_size
+        self.state = np.zeros((self.num_envs, size), np.float32) if size else None
         self.replaced_by: str | None = None  # run id of the connection that replaced this one
         spec = sessions.spec
         self._shapes = (spec.observation.shape, np.dtype(spec.observation.dtype),
@@ -178,14 +182,19 @@ class Session:
             self.counter += 1
             sessions.slot_counters[self.member] = self.counter
             self.pending = (admission, counters)
+            if self.state is not None:  # the observation of a slot whose episode just ended starts a new one
+                self.state = np.where((data.terminated | data.truncated)[:, None], np.float32(0), self.state)
         admission, counters = self.pending
-        out = await sessions.backend.infer(self.member, data.obs, self.keys, counters)
+        state_in = self.state
+        out = await sessions.backend.infer(self.member, data.obs, self.keys, counters, state_in)
         self._check_replaced()
         if out is None:  # an in-place strategy answered "no action": the actor sends this step again
             return Reply(None, admission.version)
         self.pending = None
+        self.state = out.state
         if admission.step == 0:
-            self.unroll = Unroll(self.member, self.num_envs, sessions.steps_per_phase, *self._shapes)
+            self.unroll = Unroll(self.member, self.num_envs, sessions.steps_per_phase, *self._shapes,
+                                 initial_state=state_in)
         self.unroll.record_action(admission.step, data.obs, out.actions, out.logprobs, out.values, out.version)
         sessions.counters.transitions_collected += self.num_envs
         self.last_step = admission.step

@@ -17,7 +17,7 @@ from lockstep import ppo
 from lockstep.config import Config
 from lockstep.envs import EnvSpec
 from lockstep.inference import PolicySnapshot
-from lockstep.models import ActorCritic, ObsNormalizer, RunningMeanStd
+from lockstep.models import ObsNormalizer, RunningMeanStd, build_policy
 from lockstep.rollout import Batch
 
 
@@ -72,11 +72,13 @@ class RewardScaler:
 
 
 def bootstrap(batch: Batch, values: torch.Tensor,
-              value_fn: Callable[[np.ndarray], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+              value_fn: Callable[[np.ndarray, torch.Tensor, torch.Tensor], torch.Tensor]
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """What GAE needs besides rewards and values: the value after each step and where traces continue.
 
-    ``values`` [T, N] are the behaviour values of ``batch``; ``value_fn`` maps raw observations
-    [M, *obs] to their values [M] under the policy being trained. Returns, both [T, N]:
+    ``values`` [T, N] are the behaviour values of ``batch``; ``value_fn(obs, t, n)`` maps raw
+    observations [M, *obs] that follow step t [M] of slot n [M] to their values [M] under the
+    policy being trained (a recurrent policy needs to know which state they follow). Returns, both [T, N]:
 
     * ``next_values[t, n]``: V of the state after step t in the same episode. The next row's value
       for an ordinary step; 0 where the episode terminated; V(the episode's last observation) where
@@ -94,10 +96,11 @@ def bootstrap(batch: Batch, values: torch.Tensor,
     past = ~torch.as_tensor(batch.valid, device=dev)  # [T, N] steps past a slot's last one
     next_values = torch.zeros_like(values)  # [T, N]
     next_values[:-1] = values[1:]
-    next_values[last, slots] = value_fn(batch.bootstrap_obs)  # [N]
+    next_values[last, slots] = value_fn(batch.bootstrap_obs, last, slots)  # [N]
     next_values = next_values * (1.0 - terminated)
     if len(batch.final_t):  # truncated: bootstrap from the episode's own last observation
-        next_values[batch.final_t, batch.final_n] = value_fn(batch.final_obs)  # [M]
+        final_t, final_n = torch.as_tensor(batch.final_t, device=dev), torch.as_tensor(batch.final_n, device=dev)
+        next_values[final_t, final_n] = value_fn(batch.final_obs, final_t, final_n)  # [M]
     next_values[past] = 0.0
     continues = 1.0 - torch.maximum(terminated, truncated)  # [T, N]
     continues[last, slots] = 0.0  # nothing after a slot's last step belongs to its trace
@@ -113,8 +116,7 @@ class Trainer:
         self.lag_sum = 0  # over every trained sample, for the run's mean lag
         self.lag_max = 0
         torch.manual_seed(config.run.seed)
-        m = config.model
-        self.model = ActorCritic(spec.observation, spec.action, m.hidden, m.activation, m.init_log_std).to(device)
+        self.model = build_policy(spec.observation, spec.action, config.model).to(device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.ppo.lr, eps=config.ppo.adam_eps)
         self.obs_rms = RunningMeanStd(spec.observation.shape) if config.env.normalize_obs else None
         self.reward_scaler = (RewardScaler(config.ppo.gamma, config.env.clip_reward)
@@ -156,23 +158,35 @@ class Trainer:
         obs = normalize(as_t(batch.obs))  # [T, N, *obs], with the statistics the batch was collected with
         values = as_t(batch.values)  # [T, N]
         rewards = as_t(self.reward_scaler.scale(batch) if self.reward_scaler else batch.rewards)
+        model = self.model
+        if model.state_size:  # recurrent: [T, N] sequences from each slot's initial state, reset at episode starts
+            starts = torch.as_tensor(batch.starts, device=dev)  # [T, N]
+            initial_state = as_t(batch.initial_state)  # [N, S]
+            with torch.no_grad():
+                _, after = model.values_sequence(obs, starts, initial_state)  # [T, N, S] the state after each step
+            value_fn = lambda o, t, n: model.value_after(normalize(as_t(o)), after[t, n])
+        else:
+            value_fn = lambda o, t, n: model.value(normalize(as_t(o)))
         with torch.no_grad():
-            next_values, continues = bootstrap(batch, values, lambda o: self.model.value(normalize(as_t(o))))
+            next_values, continues = bootstrap(batch, values, value_fn)
             advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
         lr = self.learning_rate()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        action_dtype = torch.long if self.model.discrete else torch.float32
-        self.model.train()
-        keep = torch.as_tensor(valid, device=dev)  # flatten [T, N] -> [B], dropping steps past a cut
-        stats = ppo.update(
-            self.model, self.optimizer,
-            obs[keep], as_t(batch.actions, action_dtype)[keep],
-            as_t(batch.logprobs)[keep], advantages[keep], returns[keep], values[keep],
-            epochs=cfg.epochs, minibatches=cfg.minibatches, clip_coef=cfg.clip_coef, clip_vloss=cfg.clip_vloss,
-            vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv,
-            target_kl=cfg.target_kl, generator=self.generator,
-        )
+        actions = as_t(batch.actions, torch.long if model.discrete else torch.float32)  # [T, N, *act]
+        logprobs = as_t(batch.logprobs)  # [T, N]
+        model.train()
+        keep = torch.as_tensor(valid, device=dev)  # [T, N]; False past a cut
+        settings = dict(epochs=cfg.epochs, minibatches=cfg.minibatches, clip_coef=cfg.clip_coef,
+                        clip_vloss=cfg.clip_vloss, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
+                        max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl,
+                        generator=self.generator)
+        if model.state_size:
+            stats = ppo.update_recurrent(model, self.optimizer, obs, actions, starts, initial_state, keep,
+                                         logprobs, advantages, returns, values, **settings)
+        else:  # flatten [T, N] -> [B], dropping steps past a cut
+            stats = ppo.update(model, self.optimizer, obs[keep], actions[keep], logprobs[keep], advantages[keep],
+                               returns[keep], values[keep], **settings)
         if self.obs_rms is not None:
             self.obs_rms.update(batch.obs[valid])
         return self._advance(batch, lag, start, lr, stats)

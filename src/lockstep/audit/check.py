@@ -14,7 +14,7 @@ from lockstep import sync
 from lockstep.config import Config
 from lockstep.config import load as load_config
 from lockstep.envs import EnvSpec, env_spec
-from lockstep.models import ActorCritic, ObsNormalizer
+from lockstep.models import ObsNormalizer, Policy, build_policy
 
 
 class AuditError(RuntimeError):
@@ -172,9 +172,10 @@ class _Policies:
 
     def __init__(self, directory: Path, config: Config, spec: EnvSpec) -> None:
         self.directory, self.config, self.spec = directory, config, spec
-        self._cache: dict[int, tuple[ActorCritic, ObsNormalizer] | str] = {}
+        self.recurrent = config.model.lstm_size > 0
+        self._cache: dict[int, tuple[Policy, ObsNormalizer] | str] = {}
 
-    def get(self, version: int) -> tuple[ActorCritic, ObsNormalizer] | str:
+    def get(self, version: int) -> tuple[Policy, ObsNormalizer] | str:
         if version not in self._cache:
             self._cache[version] = self._load(version)
         return self._cache[version]
@@ -183,7 +184,7 @@ class _Policies:
         for v in [v for v in self._cache if v not in versions]:
             del self._cache[v]
 
-    def _load(self, version: int) -> tuple[ActorCritic, ObsNormalizer] | str:
+    def _load(self, version: int) -> tuple[Policy, ObsNormalizer] | str:
         if version < 0:
             return "missing"  # a stamp that no version could have written
         path = self.directory / f"policy_v{version:06d}.pt"
@@ -195,8 +196,7 @@ class _Policies:
             return f"{path.name} is unreadable: {err}"
         if state.get("version") != version:
             return f"{path.name} says it holds version {state.get('version')}"
-        m = self.config.model
-        model = ActorCritic(self.spec.observation, self.spec.action, m.hidden, m.activation, m.init_log_std)
+        model = build_policy(self.spec.observation, self.spec.action, self.config.model)
         try:
             model.load_state_dict(state["model"])
         except (KeyError, RuntimeError) as err:
@@ -217,6 +217,8 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
             obs, actions = data["obs"], data["actions"]
             stored, stamps = data["logprobs"], data["versions"]
             lengths = data["lengths"] if "lengths" in data.files else np.full(stored.shape[-1], stored.shape[0])
+            initial_state = data["initial_state"] if "initial_state" in data.files else None
+            starts = data["starts"] if "starts" in data.files else None
             result.trained_by, result.strategy = int(data["trained_by"]), str(data["strategy"])
             if "max_lag" in data.files:  # older trails have only the configured bound
                 max_lag = int(data["max_lag"])
@@ -237,6 +239,15 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
             f"versions {stamps.shape} (observation {spec.observation.shape}, action {act_shape})")
         return result
     valid = np.arange(TN[0])[:, None] < lengths[None, :]  # steps past an unroll cut short hold no sample
+    actions = actions.astype(spec.action.action_dtype, copy=False)
+    if policies.recurrent:
+        if initial_state is None or starts is None or starts.shape != TN or initial_state.shape[0] != TN[1]:
+            result.problems.append(f"{path.name} lacks the recurrent states (initial_state [N, S] and starts [T, N]) "
+                                   "a recurrent policy's log-probs are recomputed from")
+            return result
+        recomputed = _recompute_recurrent(obs, actions, stamps, valid, initial_state, starts, policies)[valid]
+    else:
+        recomputed = None
     obs, actions, stored, stamps = obs[valid], actions[valid], stored[valid], stamps[valid]
     result.samples = int(stored.size)
     versions = np.unique(stamps)
@@ -259,14 +270,15 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
             else:
                 result.problems.append(policy)
             continue
-        model, normalize = policy
-        with torch.inference_mode():
-            x = normalize(torch.as_tensor(obs[rows]))
-            a = torch.as_tensor(actions[rows].astype(spec.action.action_dtype, copy=False))
-            recomputed = model.evaluate(x, a)[0].numpy()
+        if recomputed is None:
+            model, normalize = policy
+            with torch.inference_mode():
+                got = model.evaluate(normalize(torch.as_tensor(obs[rows])), torch.as_tensor(actions[rows]))[0].numpy()
+        else:
+            got = recomputed[rows]
         want = stored[rows]
-        diff = np.abs(recomputed.astype(np.float64) - want.astype(np.float64))
-        diff[recomputed == want] = 0.0  # equal infinities
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        diff[got == want] = 0.0  # equal infinities
         diff[np.isnan(diff)] = np.inf
         mismatched = int(np.count_nonzero(diff > tolerance))
         result.mismatched += mismatched
@@ -274,6 +286,35 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
         result.max_abs_diff = max(result.max_abs_diff, float(diff.max(initial=0.0)))
     policies.keep_only(set(result.versions))
     return result
+
+
+def _recompute_recurrent(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: np.ndarray,
+                         initial_state: np.ndarray, starts: np.ndarray, policies: _Policies) -> np.ndarray:
+    """[T, N] log-probs of a recurrent policy, recomputed step by step as inference computed them: from each
+    slot's stored initial state, reset where an episode starts, each step by the version stamped on it.
+
+    NaN where a step cannot be recomputed: its version has no policy (or an unusable one), or an earlier
+    step of its slot had none, so the state it was acted with is unknown."""
+    T, N = stamps.shape
+    state = torch.as_tensor(initial_state, dtype=torch.float32)  # [N, S]
+    known = np.ones(N, bool)
+    out = np.full((T, N), np.nan)
+    with torch.inference_mode():
+        for t in range(T):
+            state = state * torch.as_tensor(~starts[t], dtype=torch.float32)[:, None]
+            for v in np.unique(stamps[t][valid[t]]):
+                rows = valid[t] & (stamps[t] == v)
+                policy = policies.get(int(v))
+                if isinstance(policy, str):
+                    known[rows] = False
+                    continue
+                model, normalize = policy
+                idx = torch.as_tensor(np.flatnonzero(rows))
+                logprob, after = model.evaluate_step(normalize(torch.as_tensor(obs[t, rows])),
+                                                     torch.as_tensor(actions[t, rows]), state[idx])
+                state[idx] = after
+                out[t, rows & known] = logprob.numpy()[known[rows]]
+    return out
 
 
 def check(run_dir: Path, tolerance: float = 1e-5) -> AuditReport:

@@ -21,7 +21,9 @@ batch_NNNNNN.npz    iteration N's training batch: obs [T, N, *obs], actions [T, 
                     lengths [N] (steps of each slot; a slot cut short by the phase cut-off
                     has fewer than T, and its rows past that hold no sample),
                     trained_by (the version the update started from), strategy (the sync name),
-                    max_lag (the strategy's bound on trained_by - version; -1: unbounded)
+                    max_lag (the strategy's bound on trained_by - version; -1: unbounded);
+                    recurrent policies also: initial_state [N, S] (each slot's state at
+                    its first step), starts [T, N] (steps whose state was reset: an episode began)
 config.yaml         the run's configuration (environment, model, synchronization)
 """
 
@@ -51,8 +53,10 @@ class AuditWriter:
     def batch(self, iteration: int, trained_by: int, strategy: str, batch: Batch) -> None:
         # the bound is recorded with each batch: a resumed run may have been given another --max-lag
         bound = sync.strategy(strategy, self._max_lag).max_lag
+        recurrent = {} if batch.initial_state is None else {"initial_state": batch.initial_state,
+                                                             "starts": batch.starts}
         atomic_write(self.directory / f"batch_{iteration:06d}.npz", lambda f: np.savez_compressed(
             f, obs=batch.obs, actions=batch.actions, logprobs=batch.logprobs, versions=batch.versions,
             lengths=batch.lengths, trained_by=np.int64(trained_by), strategy=np.str_(strategy),
-            max_lag=np.int64(UNBOUNDED if bound is None else bound),
+            max_lag=np.int64(UNBOUNDED if bound is None else bound), **recurrent,
         ))

@@ -1,10 +1,37 @@
 """Environments: building Gymnasium vector envs and describing their spaces.
 
 Imported by the actor, so it must not import torch.
+
+Env ids
+-------
+One string names an environment everywhere (``env.id`` in the config, ``lockstep actor --env``, the hello
+check). Schemes come first, then the other forms:
+
+- ``atari:GAME``: an ALE game with the DQN preprocessing (``lockstep.wrappers.atari``), e.g.
+  ``atari:PongNoFrameskip-v4``; observation Box(0, 255, (4, 84, 84), uint8), Discrete actions. Needs
+  ``pip install -e '.[atari]'``.
+- ``minatar:GAME``: a MinAtar game (``lockstep.wrappers.minatar``; asterix, breakout, freeway, seaquest,
+  space_invaders), e.g. ``minatar:breakout``; observation Box(0, 1, (C, 10, 10), uint8), Discrete actions,
+  episodes cut at 10,000 steps. Needs ``pip install -e '.[minatar]'``.
+- ``masked:ENV``: a control env with its velocities hidden (``lockstep.wrappers.masked``), e.g.
+  ``masked:CartPole-v1``: observation Box((2,), float32), cart position and pole angle.
+- a registered Gymnasium id, e.g. ``CartPole-v1``, or ``module:EnvId`` (the module registers it).
+- ``package.module:callable``: a function that returns a ``gym.Env``.
+
+Episode statistics
+------------------
+Every env records its own episodes (Gymnasium's ``RecordEpisodeStatistics``, ``make_env``): outermost for
+most envs, and below episodic life and reward clipping for Atari, so that a reported return is the raw
+score of a whole game. ``make_vector_env`` brings them to the top of the vector env's infos
+(``FinishedEpisodes``), where the actor reads them.
+
+``make_env(env_id, training=False)`` is the env to evaluate a policy on: for ``atari:`` ids one episode per
+game and unclipped rewards; every other id is the same env as for training.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +40,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+
+from lockstep.wrappers.atari import make_atari
+from lockstep.wrappers.masked import make_masked
+from lockstep.wrappers.minatar import make_minatar
 
 
 @dataclass(frozen=True)
@@ -77,9 +108,16 @@ class EnvSpec:
     action: SpaceSpec
 
 
+# scheme -> make(name, training=True, **kwargs): the env of the id "scheme:name"
+SCHEMES: dict[str, Callable[..., gym.Env]] = {"atari": make_atari, "minatar": make_minatar, "masked": make_masked}
+
+
 def resolve_env(env_id: str) -> Callable[..., gym.Env]:
-    """Return a factory for ``env_id``: a registered Gymnasium id or ``package.module:callable``."""
+    """Return a factory for ``env_id`` (module docstring): ``scheme:name``, a registered Gymnasium id or
+    ``package.module:callable``. A scheme's factory takes ``training`` and checks the name when called."""
     module_name, _, attr = env_id.partition(":")
+    if module_name in SCHEMES:
+        return functools.partial(SCHEMES[module_name], attr)
     if attr.isidentifier():
         try:
             module = importlib.import_module(module_name)
@@ -101,8 +139,12 @@ def resolve_env(env_id: str) -> Callable[..., gym.Env]:
 def reward_threshold(env_id: str) -> float | None:
     """The return at which ``env_id`` counts as solved: the ``reward_threshold`` of its Gymnasium
     registration (CartPole-v1: 475.0), or None for an id without one, an unregistered id and a
-    ``package.module:callable`` entry point."""
+    ``package.module:callable`` entry point. ``masked:ENV`` keeps ENV's; atari and minatar ids have none."""
     module_name, _, name = env_id.partition(":")
+    if module_name == "masked":
+        return reward_threshold(name)
+    if module_name in SCHEMES:
+        return None
     if name and not name.isidentifier():  # "module:EnvId": gym.make imports the module, which registers EnvId
         try:
             importlib.import_module(module_name)
@@ -115,19 +157,70 @@ def reward_threshold(env_id: str) -> float | None:
     return float(spec.reward_threshold)
 
 
+def make_env(env_id: str, training: bool = True) -> gym.Env:
+    """One env of ``env_id`` that records its episodes: ``info["episode"]`` (``r`` return, ``l`` length, ``t``
+    seconds) on the last step of each. ``training=False``: the env to evaluate a policy on (for ``atari:``
+    ids no episodic life and no reward clipping; the same env for every other id)."""
+    scheme, _, name = env_id.partition(":")
+    env = SCHEMES[scheme](name, training=training) if scheme in SCHEMES else resolve_env(env_id)()
+    return env if _records_episodes(env) else RecordEpisodes(env)
+
+
+class RecordEpisodes(gym.wrappers.RecordEpisodeStatistics):
+    """Gymnasium's episode recorder, through which the public attributes of the env it wraps stay readable,
+    so that a vector env's ``envs[i]`` still shows those of the env its factory made."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "env":  # also while unpickling, before ``env`` is set
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+def _records_episodes(env: gym.Env) -> bool:
+    """Whether a wrapper of ``env`` already records episodes (a second one would fail on its first episode)."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.RecordEpisodeStatistics):
+            return True
+        env = env.env
+    return False
+
+
+class FinishedEpisodes(gym.vector.VectorWrapper):
+    """A vector env that reports the episodes that ended in each step in ``infos["episode"]`` (``r``, ``l``,
+    ``t``: arrays over the envs) and ``infos["_episode"]`` (which envs ended one), and counts them in
+    ``episode_count``.
+
+    Each env records its own (``make_env``). With same-step autoreset the vector env files the info of an
+    episode's last step under ``infos["final_info"]``, since the reset's info takes its place; this wrapper
+    lifts the statistics from there.
+    """
+
+    def __init__(self, env: gym.vector.VectorEnv) -> None:
+        super().__init__(env)
+        self.episode_count = 0
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, infos = self.env.step(actions)
+        final = infos.get("final_info", {})
+        if "episode" in final:
+            infos["episode"], infos["_episode"] = final["episode"], final["_episode"]
+            self.episode_count += int(final["_episode"].sum())
+        return obs, reward, terminated, truncated, infos
+
+
 def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
-    """A synchronous vector env that resets finished episodes in the same step.
+    """A synchronous vector env of ``make_env(env_id)`` that resets finished episodes in the same step.
 
     Same-step autoreset means every observation sent to the learner is one to act
     on, and a truncated episode's last observation arrives in ``infos["final_obs"]``.
+    Finished episodes are reported in ``infos["episode"]`` (``FinishedEpisodes``).
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
-    factory = resolve_env(env_id)
     envs = gym.vector.SyncVectorEnv(
-        [factory for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
+        [lambda: make_env(env_id) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
     )
-    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    return FinishedEpisodes(envs)
 
 
 def env_spec(env_id: str) -> EnvSpec:

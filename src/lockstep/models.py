@@ -12,7 +12,7 @@ stream whatever batch its request lands in.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -234,23 +234,28 @@ class RecurrentPolicy(Policy):
     def initial_state(self, slots: int) -> np.ndarray:
         return np.zeros((slots, self.state_size), np.float32)
 
-    def core(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs [T, B, *obs], starts [T, B], state [B, 2H] -> LSTM outputs [T, B, H], states after each step [T, B, 2H].
+    def core(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor,
+             cuts: Iterable[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs [T, B, *obs], starts [T, B], state [B, 2H] -> LSTM outputs [T, B, H], states after steps [T, B, 2H].
 
-        One step at a time, zeroing the state where an episode starts, so training, the audit and
-        inference (which runs single steps) compute the same numbers.
+        The sequence runs in segments, one ``nn.LSTM`` call each (a Python loop over single steps
+        is several times slower): a segment ends before every step where some slot's episode starts,
+        whose state is zeroed there, and before every step in ``cuts``. The state after a step is
+        known where a segment ends (the last step, every step before a start or a cut); the other
+        rows of the returned states are NaN, so that reading one is loud.
         """
         T, B = starts.shape
         x = self.torso(obs.reshape(T * B, *obs.shape[2:])).reshape(T, B, -1)  # [T, B, width]
-        h, c = state[:, : self.size], state[:, self.size:]
-        outputs, states = [], []
-        for t in range(T):
-            keep = (1.0 - starts[t].float())[:, None]  # [B, 1]
-            out, (h1, c1) = self.lstm(x[t][None], ((h * keep)[None].contiguous(), (c * keep)[None].contiguous()))
-            h, c = h1[0], c1[0]
-            outputs.append(out[0])
-            states.append(torch.cat([h, c], -1))
-        return torch.stack(outputs), torch.stack(states)
+        h, c = state[None, :, : self.size], state[None, :, self.size:]  # [1, B, H] each
+        bounds = sorted({0, T} | {int(t) for t in starts.any(1).nonzero().flatten()} | {t for t in cuts if 0 < t < T})
+        outputs = []
+        states = torch.full((T, B, self.state_size), float("nan"), device=x.device)
+        for first, end in zip(bounds[:-1], bounds[1:]):
+            keep = (1.0 - starts[first].float())[None, :, None]  # [1, B, 1]: zero the state where episodes start
+            out, (h, c) = self.lstm(x[first:end], ((h * keep).contiguous(), (c * keep).contiguous()))
+            outputs.append(out)
+            states[end - 1] = torch.cat([h[0], c[0]], -1)
+        return torch.cat(outputs), states
 
     def sample_step(self, obs: torch.Tensor, uniform: torch.Tensor, state: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -276,10 +281,11 @@ class RecurrentPolicy(Policy):
         out, states = self.core(obs[None], torch.zeros(1, obs.shape[0], device=obs.device), state)
         return self.evaluate_head(self.actor(out[0]), action)[0], states[0]
 
-    def values_sequence(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor
+    def values_sequence(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor, cuts: Iterable[int] = ()
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs [T, B, *obs], starts [T, B], state [B, 2H] -> values [T, B], states after each step [T, B, 2H]."""
-        out, states = self.core(obs, starts, state)
+        """obs [T, B, *obs], starts [T, B], state [B, 2H] -> values [T, B], states [T, B, 2H] after the steps
+        that end a segment (``core``): the last step, each step before an episode start or a step in ``cuts``."""
+        out, states = self.core(obs, starts, state, cuts)
         return self.critic(out).squeeze(-1), states
 
     def value_after(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:

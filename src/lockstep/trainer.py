@@ -163,7 +163,9 @@ class Trainer:
             starts = torch.as_tensor(batch.starts, device=dev)  # [T, N]
             initial_state = as_t(batch.initial_state)  # [N, S]
             with torch.no_grad():
-                _, after = model.values_sequence(obs, starts, initial_state)  # [T, N, S] the state after each step
+                # [T, N, S] the state after each step that a value is bootstrapped from: every slot's last
+                # step (a cut at each slot's length) and each step before an episode start (truncations)
+                _, after = model.values_sequence(obs, starts, initial_state, cuts=set(batch.lengths.tolist()))
             value_fn = lambda o, t, n: model.value_after(normalize(as_t(o)), after[t, n])
         else:
             value_fn = lambda o, t, n: model.value(normalize(as_t(o)))

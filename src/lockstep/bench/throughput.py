@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lockstep import config as config_lib
 from lockstep.bench import cell, roundtrip, run_process, tail
 
@@ -52,6 +54,11 @@ _PENDULUM = {
     "model": {"hidden": [64, 64], "init_log_std": 0.0},
     "run": {"seed": 1, "thresholds": [-400, -200]},
 }
+
+
+def _preset(name: str) -> dict[str, Any]:
+    """A shipped preset's settings, as the base of a benchmark configuration."""
+    return yaml.safe_load(config_lib.preset_text(name))
 
 
 @dataclass
@@ -87,6 +94,11 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in [
         "cartpole-collect", "CartPole-v1: 4 actors x 128 envs, T=32, collection only (target 100k steps/s)",
         _CARTPOLE, {"env.actors": 4, "env.envs_per_actor": 128, "ppo.steps_per_env": 32},
         ("baseline", "collect"), steps_full=2_392_064, steps_quick=327_680, baseline_collect_only=True),
+    BenchConfig(
+        "atari-breakout", "Breakout (configs/breakout.yaml: 84x84x4 uint8 frames, Nature CNN): 2 actors x 4 envs, "
+                          "T=32, 4 epochs x 4 minibatches",
+        _preset("breakout"), {"ppo.steps_per_env": 32}, ("baseline", "collect", "strict"),
+        steps_full=8 * 32 * 16, steps_quick=8 * 32 * 2),
 ]}
 
 TIME_LIMIT_S = {False: 60.0, True: 8.0}  # safety cap per run (run.time_limit_s): full, quick

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 from lockstep import config as config_lib
-from lockstep.bench.throughput import CONFIGS as THROUGHPUT_CONFIGS
-from lockstep.sync import NAMES
+from lockstep.bench import cli as bench_cli
 from lockstep.transport import security
 
 # flag -> config field; each flag overrides the YAML file given by --config
@@ -144,74 +143,23 @@ def cmd_actor(args: argparse.Namespace) -> int:
     return run(opts)
 
 
-def cmd_bench_sync(args: argparse.Namespace) -> int:
-    from lockstep.bench import sync as bench_sync
+def cmd_plot(args: argparse.Namespace) -> int:
+    from lockstep import plot
 
-    workload = (bench_sync.Workload.quick(args.adversarial) if args.quick
-                else bench_sync.Workload(adversarial=args.adversarial))
-    for field_name in ("env", "actors", "envs_per_actor", "steps_per_env", "iterations", "seed", "time_limit_s"):
-        value = getattr(args, field_name)
-        if value is not None:
-            setattr(workload, field_name, value)
-    if args.adversarial and args.actors is None:
-        workload.actors = max(workload.actors, 2 * workload.inference_threads + 2)
-    out = Path(args.out)
-    bench_sync.run(workload, out, args.strategies)
-    print((out / "sync.md").read_text())
-    print(f"wrote {out / 'sync.md'} and {out / 'sync.json'}")
+    axes = ("steps", "time") if args.x == "both" else (args.x,)
+    try:
+        groups = plot.group_runs(args.run_dirs, args.column)
+        ylabel = plot.RETURN_LABEL if args.column == plot.RETURN_COLUMN else args.column
+        runs = sum(len(g.curves) for g in groups)
+        title = args.title or ", ".join(g.label for g in groups) + f": {runs} run{'s' if runs > 1 else ''}"
+        out = plot.draw(groups, args.out, title, axes, ylabel=ylabel)
+    except (plot.PlotUnavailable, ValueError) as err:
+        print(f"lockstep: {err}", file=sys.stderr)
+        return 2
+    for group in groups:
+        print(f"{group.label}: {plot.summary_line(plot.band(group.curves, axes[0]))}")
+    print(f"wrote {out}")
     return 0
-
-
-def cmd_bench_throughput(args: argparse.Namespace) -> int:
-    from lockstep.bench import throughput
-
-    out = Path(args.out)
-    rows = throughput.run(out, quick=args.quick, device=args.device, configs=args.configs,
-                          transports=tuple(args.transports), roundtrip_messages=args.roundtrip_messages)
-    print((out / "throughput.md").read_text())
-    print(f"wrote {out / 'throughput.md'} and {out / 'throughput.json'}")
-    return 0 if all(row["error"] is None for row in rows) else 1
-
-
-def cmd_bench_learn(args: argparse.Namespace) -> int:
-    from lockstep.bench import learn
-
-    options = learn.LearnOptions(source=args.config or args.preset or config_lib.DEFAULT_PRESET,
-                                 seeds=list(range(1, args.seeds + 1)), overrides=args.set,
-                                 transport=args.transport, time_limit_s=args.time_limit_s)
-    parts = ["lockstep bench learn", f"--config {args.config}" if args.config else f"--preset {options.source}",
-             f"--seeds {args.seeds}", f"--out {args.out}"]
-    parts += [f"--transport {options.transport}"] if options.transport else []
-    parts += [f"--set {item}" for item in args.set]
-    parts += [f"--time-limit-s {args.time_limit_s:g}"] if args.time_limit_s else []
-    out = Path(args.out)
-    report = learn.run(options, out, " ".join(parts))
-    print((out / "learn.md").read_text())
-    print(f"wrote {out / 'learn.md'} and {out / 'learn.json'}")
-    return 1 if any(r["error"] for r in report["runs"]) else 0
-
-
-def cmd_bench_soak(args: argparse.Namespace) -> int:
-    from lockstep.bench import soak
-
-    report = soak.run(soak.SoakOptions(minutes=args.minutes, kill_every_s=args.kill_every, seed=args.seed),
-                      Path(args.out))
-    width = max(map(len, report))
-    for key, value in report.items():
-        print(f"{key:<{width}}  {value}")
-    print(f"wrote {Path(args.out) / 'soak.json'}")
-    return 0 if soak.healthy(report) else 1
-
-
-def cmd_bench_repro(args: argparse.Namespace) -> int:
-    from lockstep.bench import repro
-
-    out = Path(args.out)
-    report = repro.run(repro.ReproOptions(config=args.config, seed=args.seed, iterations=args.iterations,
-                                          burners=args.burners), out)
-    print((out / "repro.md").read_text())
-    print(f"wrote {out / 'repro.md'} and {out / 'repro.json'}")
-    return 0 if report["identical"] else 1
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -253,67 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory of a `lockstep train --audit` run")
     p.add_argument("--tolerance", type=float, default=1e-5, help="largest |recomputed - stored| log-prob accepted")
     p.set_defaults(func=cmd_audit)
-    bench = sub.add_parser("bench", help="benchmarks; each writes a table and JSON to --out")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    p = bench_sub.add_parser("sync", help="the same workload once per synchronization strategy")
-    p.add_argument("--out", default="bench-results", help="folder for sync.md and sync.json")
-    p.add_argument("--quick", action="store_true", help="a small workload, under two minutes")
-    p.add_argument("--adversarial", action="store_true",
-                   help="random delays in inference, training and guards; more actors than inference threads")
-    p.add_argument("--strategies", nargs="+", choices=NAMES, help="subset to run (default: all)")
-    p.add_argument("--env")
-    p.add_argument("--actors", type=int)
-    p.add_argument("--envs-per-actor", type=int)
-    p.add_argument("--steps-per-env", type=int)
-    p.add_argument("--iterations", type=int)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--time-limit-s", type=float, help="per strategy")
-    p.set_defaults(func=cmd_bench_sync)
 
-    p = bench_sub.add_parser("throughput", help="env steps/s of the distributed modes against an in-process baseline")
-    p.add_argument("--out", default="bench-results/throughput",
-                   help="folder for throughput.md, throughput.json, configs/ and runs/")
-    p.add_argument("--quick", action="store_true", help="small step budgets, about four minutes on 2 cores")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="learner and baseline device")
-    p.add_argument("--configs", nargs="+", choices=list(THROUGHPUT_CONFIGS), help="subset to run (default: all)")
-    p.add_argument("--transports", nargs="+", choices=["inprocess", "shm", "grpc"],
-                   default=["inprocess", "shm", "grpc"],
-                   help="the transports each distributed mode runs over, side by side (default: both)")
-    p.add_argument("--roundtrip-messages", type=int,
-                   help="messages per transport in the round-trip micro-benchmark (default 20,480 with --quick, "
-                        "else 102,400; 0 skips it)")
-    p.set_defaults(func=cmd_bench_throughput)
-
-    p = bench_sub.add_parser("learn", help="seconds and env steps to a return threshold, per seed: "
-                                           "lockstep train against the in-process baseline, interleaved")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--preset", choices=config_lib.preset_names(),
-                       help=f"preset to run (default {config_lib.DEFAULT_PRESET})")
-    which.add_argument("--config", metavar="FILE_OR_PRESET", help="a YAML config file (or a preset name) to run")
-    p.add_argument("--seeds", type=int, default=5, help="run seeds 1 to N, each distributed then in-process")
-    p.add_argument("--out", default="bench-results/learn", help="folder for learn.md, learn.json, config.yaml, runs/")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field in both modes, e.g. --set ppo.total_steps=200000 (repeatable)")
-    p.add_argument("--time-limit-s", type=float,
-                   help="cap on each run's training time where the config sets no run.time_limit_s (default 120)")
-    p.add_argument("--transport", choices=config_lib.TRANSPORTS,
-                   help="learner.transport of the distributed runs (default: the config's)")
-    p.set_defaults(func=cmd_bench_learn)
-
-    p = bench_sub.add_parser("soak", help="train while killing actors and once the learner; check the books")
-    p.add_argument("--minutes", type=float, default=3.0, help="training time, across the learner restart")
-    p.add_argument("--kill-every", type=float, default=12.0, help="mean seconds between actor kills")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", default="bench-results/soak", help="folder for soak.json, soak.log and the run")
-    p.set_defaults(func=cmd_bench_soak)
-
-    p = bench_sub.add_parser("repro", help="the same strict run twice, once beside CPU burners; identical metrics?")
-    p.add_argument("--config", help="YAML config file (default: the built-in CartPole defaults)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--iterations", type=int, default=30, help="iterations of each run")
-    p.add_argument("--burners", type=int, default=1, help="CPU-burning processes beside the second run")
-    p.add_argument("--out", default="bench-results/repro", help="folder for repro.md, repro.json and the runs")
-    p.set_defaults(func=cmd_bench_repro)
+    p = sub.add_parser("plot", help="learning curves of runs: the mean and min-max across runs of one config")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their metrics.csv)")
+    p.add_argument("--x", choices=["steps", "time", "both"], default="both",
+                   help="against env steps, wall time since training started, or both side by side (default)")
+    p.add_argument("--out", required=True, metavar="FILE.png", help="the PNG to write")
+    p.add_argument("--column", default="episode_return_mean20",
+                   help="metrics.csv column to plot (default: episode_return_mean20, the mean of the last 20 "
+                        "episodes)")
+    p.add_argument("--title", help="figure title (default: the environments and the number of runs)")
+    p.set_defaults(func=cmd_plot)
+    bench_cli.add_parser(sub)
     return parser
 
 

@@ -21,11 +21,13 @@ def cell(value: Any) -> str:
     return str(value)
 
 
-def run_process(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int | None, float]:
-    """Run ``cmd`` in its own session, output to ``log_path``; kill its process group on timeout."""
+def run_process(cmd: list[str], log_path: Path, timeout_s: float | None,
+                cwd: Path | None = None) -> tuple[int | None, float]:
+    """Run ``cmd`` (in ``cwd``: MuJoCo writes MUJOCO_LOG.TXT into the working directory) in its own session,
+    output to ``log_path``; kill its process group on timeout. Returns (exit code or None, seconds)."""
     start = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
         try:
             rc: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -16,6 +16,9 @@ Each run is a fresh process that stops once the running mean return (the mean of
 Seconds to the threshold are ``first_reached[...]["wall_s"]`` of each run, counted from the
 start of training (process start-up, imports and env creation excluded; ``process_s`` has
 the whole process). The results go to ``OUT/learn.json`` and ``OUT/learn.md``.
+
+``lockstep bench learn --suite NAME`` asks another question, the return a preset reaches at its
+whole budget across seeds, against CleanRL's published figures: ``bench/suites.py``.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import yaml
 from lockstep.sync import NAMES as SYNC_NAMES
 
 TRANSPORTS = ("shm", "grpc", "inprocess")  # learner.transport
+LAUNCHERS = ("local", "ray")  # env.launcher
 MODEL_KINDS = ("auto", "mlp", "nature-cnn", "small-cnn")  # model.kind
 
 
@@ -31,7 +32,13 @@ class EnvConfig:
     id: str = "CartPole-v1"  # Gymnasium id or package.module:callable
     actors: int = 2  # local actor processes started by `lockstep train`
     envs_per_actor: int = 2  # environments in each actor's vector env
-    actor_restarts: int = 10  # `lockstep train` restarts a dead local actor at most this often
+    actor_restarts: int = 10  # a dead actor of `lockstep train` is restarted at most this often (local or Ray)
+    # Who starts `lockstep train`'s actors: "local" (processes on this host) or "ray" (Ray actors, placed and
+    # restarted by Ray, always over gRPC; docs/cluster.md). The ray_* fields apply to "ray" only.
+    launcher: str = "local"
+    ray_address: str = ""  # join this Ray cluster (HOST:6379, or auto); empty: start a Ray instance on this host
+    ray_num_cpus: int = 0  # CPUs of the Ray instance started here (0: this host's cores, more if the actors need)
+    ray_cpus_per_actor: float = 1.0  # CPUs Ray reserves for each actor when it places them
     normalize_obs: bool = False  # running mean/std of observations, part of the policy snapshot
     normalize_reward: bool = False  # scale rewards by the std of the discounted return
     clip_obs: float = 10.0  # after normalization
@@ -66,6 +73,9 @@ class ModelConfig:
     activation: str = "tanh"  # the MLP's: tanh or relu
     init_log_std: float = 0.0  # Gaussian head only
     lstm_size: int = 0  # > 0: an LSTM of this size after the torso; the learner keeps each env slot's state
+    # Your own network: "package.module:factory" or "path/to/file.py:factory", a callable
+    # (observation SpaceSpec, action SpaceSpec, this ModelConfig) -> lockstep.Policy (docs/custom-policy.md)
+    policy: str = ""
 
 
 @dataclass
@@ -111,6 +121,8 @@ class RunConfig:
     time_limit_s: float | None = None  # stop after this many seconds of training, whatever the step count
     collect_only: bool = False  # benchmarks: collect and check batches, never update the policy
     audit: bool = False  # write every training batch and policy version to audit/ (see `lockstep audit`)
+    wandb: bool = False  # also log to Weights & Biases (pip install -e '.[wandb]'; WANDB_MODE=offline respected)
+    wandb_project: str = "lockstep"  # the W&B project (WANDB_PROJECT overrides it)
 
 
 @dataclass
@@ -158,6 +170,12 @@ class Config:
             (0 <= self.sync.min_unroll <= 1, f"sync.min_unroll must be in [0, 1], got {self.sync.min_unroll}"),
             (self.sync.max_lag >= 1,
              f"sync.max_lag must be at least 1 (0 is sync.strategy=strict), got {self.sync.max_lag}"),
+            (self.env.launcher in LAUNCHERS,
+             f"env.launcher must be one of {', '.join(LAUNCHERS)}, got {self.env.launcher!r}"),
+            (self.env.ray_num_cpus >= 0,
+             f"env.ray_num_cpus must be 0 (automatic) or positive, got {self.env.ray_num_cpus}"),
+            (self.env.ray_cpus_per_actor >= 0,
+             f"env.ray_cpus_per_actor must not be negative, got {self.env.ray_cpus_per_actor}"),
             (self.learner.transport in TRANSPORTS,
              f"learner.transport must be one of {', '.join(TRANSPORTS)}, got {self.learner.transport!r}"),
             (self.model.kind in MODEL_KINDS,
@@ -241,6 +259,19 @@ def default_config(env_id: str | None = None) -> Config:
     if env_id is None or env_id == preset.env.id:
         return preset
     return Config()
+
+
+def name_run(config: Config) -> Path:
+    """Fill in ``run.name`` (default ``<env>-s<seed>-<date>-<time>``) and ``run.run_dir`` (default
+    ``runs/<name>``) where they are empty; return the run directory."""
+    if not config.run.name:
+        import time
+
+        env_name = config.env.id.replace("/", "_").replace(":", "_")
+        config.run.name = f"{env_name}-s{config.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not config.run.run_dir:
+        config.run.run_dir = str(Path("runs") / config.run.name)
+    return Path(config.run.run_dir)
 
 
 def save(config: Config, path: str | Path) -> None:

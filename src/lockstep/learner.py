@@ -6,8 +6,9 @@ Threads
     trainer      trains closed phases in order, writes the row and the checkpoint, publishes the next version.
     inference    in-place backend only: a small pool for its forward passes.
 
-Publishing v+1 is always ``backend.publish()`` (a snapshot backend swaps its snapshot), then ``gate.publish(v+1)``:
-every request admitted for v+1 is served by v+1. The learner never asks which strategy it runs.
+Publishing v+1 is always ``backend.publish()`` (a snapshot backend swaps its snapshot), then ``gate.publish(v+1)``
+(through ``sessions.publish``, which times the release): every request admitted for v+1 is served by v+1.
+The learner never asks which strategy it runs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from lockstep.backends import make_backend
 from lockstep.checkpoint import Checkpointer
 from lockstep.config import Config
 from lockstep.config import save as save_config
+from lockstep.distributed import Ranks
 from lockstep.envs import env_spec
 from lockstep.metrics import EpisodeTracker
 from lockstep.models import resolve_device
@@ -45,7 +47,7 @@ log = logging.getLogger("lockstep.learner")
 
 class Learner:
     def __init__(self, config: Config, run_dir: Path, token: str | None = None, resume: bool = False,
-                 in_process_actors: bool = False) -> None:
+                 in_process_actors: bool = False, ranks: Ranks | None = None) -> None:
         config.validate()
         security.check_server(config.learner.listen, token, config.learner.tls_cert, config.learner.tls_key)
         self.token = token  # never written to the run directory
@@ -55,7 +57,8 @@ class Learner:
         torch.set_num_threads(config.learner.torch_threads)
         self.strategy = sync.strategy(config.sync.strategy, config.sync.max_lag)
         self.jitter = sync.Jitter(config.sync.jitter_ms, config.run.seed)
-        self.trainer = Trainer(config, self.spec, self.device, max_lag=self.strategy.max_lag)
+        self.ranks = ranks  # several learners training one policy (torch.distributed): distributed.py
+        self.trainer = Trainer(config, self.spec, self.device, max_lag=self.strategy.max_lag, ranks=ranks)
         self.clock = Clock()
         self.episodes = EpisodeTracker(config.return_thresholds())
         self.report = Report(run_dir, self.trainer, self.episodes, self.clock)
@@ -65,7 +68,10 @@ class Learner:
         slot_counters = {}
         self.resumed_from: Path | None = None
         if resume:
-            self.resumed_from, slot_counters = self._restore()
+            self.resumed_from, state = self.checkpointer.newest()
+            slot_counters = self.report.load_checkpoint_state(state)
+            log.info("resuming from %s: iteration %d, version %d", self.resumed_from, self.trainer.iteration,
+                     self.trainer.version)
         self.gate = self.strategy.gate(config.ppo.steps_per_env, config.min_actors, start_version=self.trainer.version,
                                        cutoff=config.sync.phase_cutoff, min_unroll=config.sync.min_unroll)
         self.audit = AuditWriter(run_dir / "audit", config, fresh=not resume) if run.audit else None
@@ -184,14 +190,14 @@ class Learner:
             raise RuntimeError(f"phase {item.phase} arrived for training at version {trainer.version}")
         self.jitter()
         stats = None
-        if item.batch is None:  # every actor left the phase before completing it: nothing to train
+        if item.batch is None and self.ranks is None:  # every actor left the phase before completing it
             log.info("phase %d closed empty; publishing version %d unchanged", trainer.version, trainer.version + 1)
             trainer.skip()
-        else:
+        else:  # (several learners: an empty phase still takes part in the update, with no samples)
             update = trainer.count_only if self.config.run.collect_only else trainer.train
-            stats = self.backend.train(lambda: update(item.batch))
+            stats = self.backend.train(lambda: trainer.train_empty() if item.batch is None else update(item.batch))
             self.report.trained(stats)
-            if self.audit is not None:
+            if self.audit is not None and item.batch is not None:
                 self.audit.batch(trainer.iteration, item.phase, self.strategy.name, item.batch)
         if item.collect_s > self.config.sync.stall_s:
             self.report.counters.stalls += 1
@@ -204,37 +210,21 @@ class Learner:
         if not done:
             self.backend.publish()
             self.jitter()
-            self.gate.publish(trainer.version)
+            self.sessions.publish(trainer.version)
         return done
 
     def _done(self) -> bool:
         run = self.config.run
-        return (self.trainer.env_steps >= self.config.ppo.total_steps
+        done = (self.trainer.env_steps >= self.config.ppo.total_steps
                 or (run.time_limit_s is not None and self.clock.wall_s >= run.time_limit_s)
                 or (run.stop_at_return is not None and self.episodes.reached(run.stop_at_return)))
+        return done if self.ranks is None else self.ranks.any(done)  # several learners stop together
 
     # -- checkpoints and the end of a run ----------------------------------------------
 
     def _checkpoint_state(self) -> dict:
         """Everything a resumed run continues from. Taken between iterations, on the trainer thread."""
-        return {
-            "trainer": self.trainer.state_dict(),
-            "episodes": self.episodes.state_dict(),
-            "counters": self.report.totals(),
-            "slot_counters": dict(self.sessions.slot_counters),
-            "wall_s": self.clock.wall_s,
-            "config": dataclasses.asdict(self.config),
-        }
-
-    def _restore(self) -> tuple[Path, dict[int, int]]:
-        path, state = self.checkpointer.newest()
-        self.trainer.load_state_dict(state["trainer"])
-        self.episodes.load_state_dict(state["episodes"])
-        self.report.restore(state["counters"])
-        self.clock.offset = state["wall_s"]
-        log.info("resuming from %s: iteration %d, version %d, %d env steps",
-                 path, self.trainer.iteration, self.trainer.version, self.trainer.env_steps)
-        return path, {int(k): v for k, v in state["slot_counters"].items()}
+        return self.report.checkpoint_state(self.sessions.slot_counters, dataclasses.asdict(self.config))
 
     def _write_final(self) -> dict[str, Any]:
         self.report.counters.dropped_transitions += self.phases.discard()  # collected, never to be trained
@@ -243,8 +233,9 @@ class Learner:
         return self.report.summary(
             env=self.config.env.id, seed=self.config.run.seed, sync=self.strategy.name,
             time_limited=self.trainer.env_steps < self.config.ppo.total_steps and self.error is None,
-            codec_s=sum(server.codec_s for server in self._servers),
+            codec_s=sum(server.codec_s for server in self._servers), releases=self.sessions.releases.summary(),
             checkpoint=str(final.relative_to(self.run_dir)),
             resumed_from=None if self.resumed_from is None else str(self.resumed_from.relative_to(self.run_dir)),
             device=str(self.device), error=None if self.error is None else repr(self.error),
+            ranks=self.ranks and self.ranks.describe(),
         )

@@ -11,8 +11,11 @@ stream whatever batch its request lands in.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,25 +23,9 @@ from torch import nn
 
 from lockstep.config import MODEL_KINDS, ModelConfig
 from lockstep.envs import SpaceSpec
+from lockstep.networks import layer, mlp, mlp_torso, nature_cnn, small_cnn
 
 LOG_2PI = math.log(2 * math.pi)
-
-
-def _layer(inp: int, out: int, gain: float) -> nn.Linear:
-    layer = nn.Linear(inp, out)
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
-def _mlp(inp: int, hidden: list[int], out: int, activation: str, out_gain: float) -> nn.Sequential:
-    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [_layer(inp, width, math.sqrt(2)), act()]
-        inp = width
-    layers.append(_layer(inp, out, out_gain))
-    return nn.Sequential(*layers)
 
 
 class Policy(nn.Module):
@@ -138,8 +125,8 @@ class ActorCritic(Policy):
                  activation: str = "tanh", init_log_std: float = 0.0) -> None:
         super().__init__(action, init_log_std)
         obs_dim = int(np.prod(observation.shape))
-        self.critic = _mlp(obs_dim, hidden, 1, activation, 1.0)
-        self.actor = _mlp(obs_dim, hidden, self.action_dim, activation, 0.01)
+        self.critic = mlp(obs_dim, hidden, 1, activation, 1.0)
+        self.actor = mlp(obs_dim, hidden, self.action_dim, activation, 0.01)
 
     def features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         flat = obs.flatten(1)
@@ -159,51 +146,14 @@ class ActorCritic(Policy):
         return action, logprob, value
 
 
-def nature_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int]:
-    """Mnih et al. (2015)'s torso for 84x84 frames, CleanRL's ``ppo_atari.py`` init: 512 features.
-
-    [B, C, H, W] uint8 or float in [0, 255] -> [B, 512]; the pixels are scaled here, on the learner.
-    """
-    conv = nn.Sequential(
-        _conv(channels, 32, 8, 4), nn.ReLU(),
-        _conv(32, 64, 4, 2), nn.ReLU(),
-        _conv(64, 64, 3, 1), nn.ReLU(),
-        nn.Flatten(),
-    )
-    with torch.no_grad():
-        flat = conv(torch.zeros(1, channels, *size)).shape[1]
-    return nn.Sequential(_Scale(1 / 255), *conv, _layer(flat, 512, math.sqrt(2)), nn.ReLU()), 512
-
-
-def small_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int]:
-    """Young and Tian (2019)'s MinAtar torso: one 3x3 convolution with 16 filters, then 128 units.
-
-    [B, C, 10, 10] in {0, 1} -> [B, 128].
-    """
-    conv = nn.Sequential(_conv(channels, 16, 3, 1), nn.ReLU(), nn.Flatten())
-    with torch.no_grad():
-        flat = conv(torch.zeros(1, channels, *size)).shape[1]
-    return nn.Sequential(_Scale(1.0), *conv, _layer(flat, 128, math.sqrt(2)), nn.ReLU()), 128
-
-
-def mlp_torso(inp: int, hidden: list[int], activation: str) -> tuple[nn.Sequential, int]:
-    """Flat observations -> the last hidden layer's activations."""
-    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-    layers: list[nn.Module] = [nn.Flatten()]
-    for width in hidden:
-        layers += [_layer(inp, width, math.sqrt(2)), act()]
-        inp = width
-    return nn.Sequential(*layers), inp
-
-
 class TorsoActorCritic(Policy):
     """A shared torso (a CNN for images) with a linear policy head and a linear value head."""
 
     def __init__(self, torso: nn.Module, width: int, action: SpaceSpec, init_log_std: float = 0.0) -> None:
         super().__init__(action, init_log_std)
         self.torso = torso
-        self.actor = _layer(width, self.action_dim, 0.01)
-        self.critic = _layer(width, 1, 1.0)
+        self.actor = layer(width, self.action_dim, 0.01)
+        self.critic = layer(width, 1, 1.0)
 
     def features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.torso(obs)
@@ -228,8 +178,8 @@ class RecurrentPolicy(Policy):
                 nn.init.orthogonal_(param, 1.0)
         self.size = size
         self.state_size = 2 * size
-        self.actor = _layer(size, self.action_dim, 0.01)
-        self.critic = _layer(size, 1, 1.0)
+        self.actor = layer(size, self.action_dim, 0.01)
+        self.critic = layer(size, 1, 1.0)
 
     def initial_state(self, slots: int) -> np.ndarray:
         return np.zeros((slots, self.state_size), np.float32)
@@ -297,24 +247,6 @@ class RecurrentPolicy(Policy):
         raise TypeError("a recurrent policy needs its state: use sample_step / evaluate_sequence")
 
 
-class _Scale(nn.Module):
-    """Multiply by a constant after converting to float (pixels travel as uint8)."""
-
-    def __init__(self, factor: float) -> None:
-        super().__init__()
-        self.factor = factor
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.float() * self.factor
-
-
-def _conv(inp: int, out: int, kernel: int, stride: int) -> nn.Conv2d:
-    layer = nn.Conv2d(inp, out, kernel, stride)
-    nn.init.orthogonal_(layer.weight, math.sqrt(2))
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
 def torso_kind(observation: SpaceSpec, kind: str) -> str:
     """``model.kind`` resolved: auto takes a CNN for image observations [C, H, W] (the Nature CNN from
     36 pixels up, the small MinAtar CNN below) and the MLP for everything else."""
@@ -326,7 +258,13 @@ def torso_kind(observation: SpaceSpec, kind: str) -> str:
 
 
 def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Policy:
-    """The policy the config names, for these spaces."""
+    """The policy the config names, for these spaces: ``model.policy``'s factory, or the built-in family."""
+    if model.policy:
+        policy = load_factory(model.policy)(observation, action, model)
+        if not isinstance(policy, Policy):
+            raise TypeError(f"model.policy {model.policy!r} returned a {type(policy).__name__}, not a "
+                            "lockstep.Policy (subclass lockstep.Policy: docs/custom-policy.md)")
+        return policy
     kind = torso_kind(observation, model.kind)
     if kind in ("nature-cnn", "small-cnn"):
         if len(observation.shape) != 3:
@@ -344,6 +282,28 @@ def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) 
     return TorsoActorCritic(torso, width, action, model.init_log_std)
 
 
+def load_factory(reference: str) -> Callable[..., Policy]:
+    """``package.module:name`` or ``path/to/file.py:name`` (a dotted name for a nested attribute)."""
+    where, _, name = reference.rpartition(":")
+    if not where or not name:
+        raise ValueError(f"model.policy {reference!r} must look like package.module:factory or file.py:factory")
+    try:
+        if where.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(f"lockstep_policy_{Path(where).stem}", where)
+            if spec is None or not Path(where).is_file():
+                raise ImportError(f"no file {where}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        target = module
+        for part in name.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"model.policy {reference!r} cannot be loaded: {err}") from err
+    return target
+
+
 class RunningMeanStd:
     """Running mean and variance over batches (Chan et al.'s parallel update), float64."""
 
@@ -354,7 +314,11 @@ class RunningMeanStd:
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x, np.float64).reshape(-1, *self.mean.shape)
-        batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
+        if len(x):
+            self.update_moments(x.mean(0), x.var(0), x.shape[0])
+
+    def update_moments(self, batch_mean: np.ndarray, batch_var: np.ndarray, n: int) -> None:
+        """Fold in a batch of ``n`` rows given by its mean and (population) variance."""
         if n == 0:
             return
         delta = batch_mean - self.mean

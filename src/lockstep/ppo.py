@@ -86,28 +86,48 @@ Minibatch = tuple[torch.Tensor, ...]  # (new log-prob, old log-prob, advantages,
 def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Callable[[torch.Tensor], Minibatch],
              units: int, *, epochs: int, minibatches: int, clip_coef: float, clip_vloss: bool, vf_coef: float,
              ent_coef: float, max_grad_norm: float, norm_adv: bool, target_kl: float | None,
-             generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> UpdateStats:
+             generator: torch.Generator | None = None, device: torch.device | str = "cpu",
+             reduce_gradients: Callable[[int], None] | None = None,
+             agree: Callable[[float], float] | None = None) -> UpdateStats:
     """Epochs x minibatches gradient steps. Each epoch shuffles ``units`` (samples, or whole slots for a
-    recurrent policy) and splits them into ``minibatches`` groups; ``minibatch(indices)`` evaluates one group."""
+    recurrent policy) and splits them into ``minibatches`` groups; ``minibatch(indices)`` evaluates one group.
+
+    Data-parallel training (several learners) passes ``reduce_gradients(samples)``, called after each
+    backward pass to average the gradients over the learners, and ``agree(x)``, the learners' mean of x
+    (for the early stop on the KL). Every learner then takes exactly ``minibatches`` steps per epoch,
+    a minibatch without samples contributing zero gradients.
+    """
     sums = torch.zeros(5)
-    steps = 0
+    steps = taken = 0
+    sections = minibatches if reduce_gradients is not None else min(minibatches, units)
+    approx_kl = 0.0
     for _ in range(epochs):
         order = torch.randperm(units, generator=generator, device="cpu").to(device)
-        for idx in torch.tensor_split(order, min(minibatches, units)):  # every unit once per epoch
-            new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy = minibatch(idx)
-            parts = ppo_loss(new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy,
-                             clip_coef=clip_coef, clip_vloss=clip_vloss, vf_coef=vf_coef, ent_coef=ent_coef,
-                             norm_adv=norm_adv)
-            optimizer.zero_grad(set_to_none=True)
-            parts.loss.backward()
+        for idx in torch.tensor_split(order, sections):  # every unit once per epoch
+            optimizer.zero_grad(set_to_none=False)
+            samples = 0
+            if len(idx):
+                new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy = minibatch(idx)
+                samples = len(new_logprob)
+            if samples:
+                parts = ppo_loss(new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy,
+                                 clip_coef=clip_coef, clip_vloss=clip_vloss, vf_coef=vf_coef, ent_coef=ent_coef,
+                                 norm_adv=norm_adv)
+                parts.loss.backward()
+                sums += torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(), parts.entropy.detach(),
+                                     parts.approx_kl, parts.clip_fraction]).cpu()
+                approx_kl = parts.approx_kl.item()
+                taken += 1
+            if reduce_gradients is not None:
+                reduce_gradients(samples)
+            elif not samples:
+                continue
             nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
-            sums += torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(), parts.entropy.detach(),
-                                 parts.approx_kl, parts.clip_fraction]).cpu()
             steps += 1
-        if target_kl is not None and parts.approx_kl.item() > target_kl:
+        if target_kl is not None and (agree(approx_kl) if agree else approx_kl) > target_kl:
             break
-    means = (sums / max(steps, 1)).tolist()
+    means = (sums / max(taken, 1)).tolist()
     return UpdateStats(*means, gradient_steps=steps)
 
 

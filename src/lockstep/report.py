@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import resource
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 from lockstep.backends import InferenceStats
 from lockstep.metrics import EpisodeTracker, MetricsWriter, write_summary
 from lockstep.progress import Status
+from lockstep.tracking import WandbRun
 from lockstep.trainer import Trainer, TrainStats
 
 
@@ -71,6 +74,59 @@ class Clock:
         self.stopped_at = self.wall_s
 
 
+class ReleaseLatency:
+    """Per phase, the seconds from publishing version v until the last request it released resumed.
+
+    ``published(v)`` is stamped on the trainer thread just before the gate releases the requests held
+    for v; each released request calls ``resumed(v)`` on the event loop once its coroutine runs again.
+    A phase's figure is its latest resumption: how long the slowest held actor waited after v existed.
+    It includes the loop's work between the wake-ups (the earlier released requests' way to the
+    batcher), which is what grows with the number of actors. Requests released by anything but a
+    publish (the first phase's start) have no stamp and are not counted.
+
+    Releases of v are settled at ``published(v + 2)`` (a pipelined run may publish v + 1 before every
+    release of v has resumed) and by ``summary``. One float per phase is kept for the percentiles.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stamps: dict[int, float] = {}  # version -> perf_counter() at its publish, until settled
+        self._latest: dict[int, float] = {}  # version -> seconds to its latest resumption so far
+        self.per_phase: list[float] = []  # settled phases' seconds, in publish order
+        self.released = 0  # resumptions counted
+
+    def published(self, version: int) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            self._settle(before=version - 1)
+            self._stamps[version] = now
+
+    def resumed(self, version: int) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            stamp = self._stamps.get(version)
+            if stamp is not None:
+                self._latest[version] = max(self._latest.get(version, 0.0), now - stamp)
+                self.released += 1
+
+    def summary(self) -> dict[str, Any]:
+        """For summary.json: phases measured, requests released, and p50 / p99 / max / mean in ms."""
+        with self._lock:
+            self._settle(before=None)
+            ms = sorted(1000 * s for s in self.per_phase)
+
+        def rank(q: float) -> float | None:  # nearest rank: a value that was measured
+            return round(ms[max(0, math.ceil(q * len(ms)) - 1)], 3) if ms else None
+        return {"phases": len(ms), "released": self.released, "p50_ms": rank(0.5), "p99_ms": rank(0.99),
+                "max_ms": rank(1.0), "mean_ms": round(sum(ms) / len(ms), 3) if ms else None}
+
+    def _settle(self, before: int | None) -> None:
+        for version in sorted(v for v in self._stamps if before is None or v < before):
+            del self._stamps[version]
+            if version in self._latest:
+                self.per_phase.append(self._latest.pop(version))
+
+
 class Report:
     """Turns the trainer's, the backend's and the learner's counts into metrics rows and the summary."""
 
@@ -84,9 +140,15 @@ class Report:
         self.status = Status()
         self._last: dict[str, float] = {}  # the totals at the previous row
         self.metrics: MetricsWriter | None = None
+        self.tracker: WandbRun | None = None  # --wandb
 
     def open(self, resume_after: int | None) -> None:
         self.metrics = MetricsWriter(self.run_dir, resume_after=resume_after)
+        config = self.trainer.config
+        if config.run.wandb:
+            project = os.environ.get("WANDB_PROJECT", config.run.wandb_project)
+            self.tracker = WandbRun(self.run_dir, self.run_dir.name, project, dataclasses.asdict(config),
+                                    resume=resume_after is not None)
 
     def close(self) -> None:
         if self.metrics is not None:
@@ -98,6 +160,25 @@ class Report:
         return {**vars(self.counters), "wasted_forward_passes": i.wasted_forward_passes,
                 "rejected_rpcs": i.rejected_rpcs, "torn_reads": i.torn_reads, "torn_reads_used": i.torn_reads_used}
 
+    def checkpoint_state(self, slot_counters: dict[int, int], config: dict) -> dict:
+        """What a checkpoint holds: everything a resumed run continues from (taken between iterations)."""
+        return {
+            "trainer": self.trainer.state_dict(),
+            "episodes": self.episodes.state_dict(),
+            "counters": self.totals(),
+            "slot_counters": dict(slot_counters),
+            "wall_s": self.clock.wall_s,
+            "config": config,
+        }
+
+    def load_checkpoint_state(self, state: dict) -> dict[int, int]:
+        """Continue from a checkpoint's state (``checkpoint_state``); return the actors' noise counters."""
+        self.trainer.load_state_dict(state["trainer"])
+        self.episodes.load_state_dict(state["episodes"])
+        self.restore(state["counters"])
+        self.clock.offset = state["wall_s"]
+        return {int(k): v for k, v in state["slot_counters"].items()}
+
     def restore(self, totals: dict[str, int]) -> None:
         """Continue a resumed run's totals: the first row after it counts from them, not from zero.
 
@@ -108,7 +189,7 @@ class Report:
         for key in vars(self.counters):
             setattr(self.counters, key, totals.get(key, 0))
         c = self.counters
-        c.dropped_transitions += max(0, c.transitions_collected - self.trainer.env_steps - c.dropped_transitions)
+        c.dropped_transitions += max(0, c.transitions_collected - self.trainer.samples_trained - c.dropped_transitions)
         self._carried = {k: totals.get(k, 0) for k in CARRIED}
         self.observe(InferenceStats())
         self._last = {**totals, "forward_passes": 0, "rows_inferred": 0}
@@ -153,6 +234,8 @@ class Report:
             "clip_fraction": stats.update.clip_fraction,
         }
         self.metrics.write(row)
+        if self.tracker is not None:
+            self.tracker.log(row)
         self.status = Status(
             iteration=trainer.iteration, policy_version=trainer.version, env_steps=trainer.env_steps,
             sps=row["sps"], episode_return_mean=ep["episode_return_mean20"], episodes=ep["episodes"],
@@ -190,14 +273,19 @@ class Report:
             "episode_return_mean": None if math.isnan(ep["episode_return_mean"]) else ep["episode_return_mean"],
             "first_reached": self.episodes.first_reached,
             **self.totals(),
-            "transitions_trained": trainer.env_steps,
-            "policy_lag_mean": trainer.lag_sum / trainer.env_steps if trainer.env_steps else 0.0,
+            "transitions_trained": trainer.samples_trained,  # by this learner (env_steps: by all, if several)
+            "policy_lag_mean": trainer.lag_sum / trainer.samples_trained if trainer.samples_trained else 0.0,
             "policy_lag_max": trainer.lag_max,
             "forward_passes": inf.forward_passes,
             "inference_batch_mean": inf.rows_inferred / inf.forward_passes if inf.forward_passes else None,
             "learner_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "time_split_s": self.time_split(run.pop("codec_s")),
+            "publish_release_ms": run["releases"],  # ReleaseLatency.summary()
             **{k: run[k] for k in ("checkpoint", "resumed_from", "device", "error")},
+            **({"ranks": run["ranks"]} if run.get("ranks") else {}),
         }
         write_summary(self.run_dir / "summary.json", summary)
+        if self.tracker is not None:
+            self.tracker.finish(summary)
+            self.tracker = None
         return summary

@@ -25,7 +25,7 @@ from lockstep import noise
 from lockstep.backends import InferenceBackend
 from lockstep.envs import EnvSpec
 from lockstep.metrics import EpisodeTracker
-from lockstep.report import Clock, Counters
+from lockstep.report import Clock, Counters, ReleaseLatency
 from lockstep.rollout import PhaseStore, Unroll
 from lockstep.sync import Admission, AdmissionGate
 from lockstep.transport import PROTOCOL
@@ -56,6 +56,7 @@ class Sessions:
         self.finished = False
         self._live: dict[int, Session] = {}
         self._retired_runs: set[str] = set()  # run ids of connections that ended: a replayed hello is refused
+        self.releases = ReleaseLatency()  # per phase: publish -> the last held request resumed (summary.json)
 
     @property
     def actor_ids(self) -> list[int]:
@@ -131,6 +132,14 @@ class Sessions:
                 warned_phase = phase
                 log.warning("phase %d has collected for more than %.0f s; waiting for %s",
                             phase, stall_s, self.describe(self.gate.waiting_for()) or "actors to connect")
+
+    def publish(self, version: int) -> None:
+        """Release the requests held for ``version`` (``gate.publish``), timing their release for ``releases``.
+
+        Called by the trainer thread once the backend serves ``version``; the stamp comes first, so every
+        resumption it causes is measured from it."""
+        self.releases.published(version)
+        self.gate.publish(version)
 
     def expected_requests(self) -> int:
         """Requests that may arrive soon: every connected actor that is not held."""
@@ -237,9 +246,12 @@ class Session:
             return result.admission
         self._held = future
         try:
-            return await future
+            admission = await future
         finally:
             self._held = None
+        if admission is not None:
+            sessions.releases.resumed(admission.version)
+        return admission
 
     def cancel_wait(self) -> None:
         """The session or the training ended while one of its requests was held: wake it so it can say why."""

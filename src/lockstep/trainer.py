@@ -15,6 +15,7 @@ import torch
 
 from lockstep import ppo
 from lockstep.config import Config
+from lockstep.distributed import Ranks
 from lockstep.envs import EnvSpec
 from lockstep.inference import PolicySnapshot
 from lockstep.models import ObsNormalizer, RunningMeanStd, build_policy
@@ -40,9 +41,11 @@ class TrainStats:
 class RewardScaler:
     """Divide rewards by the running std of each slot's discounted return (CleanRL's NormalizeReward)."""
 
-    def __init__(self, gamma: float, clip: float) -> None:
+    def __init__(self, gamma: float, clip: float,
+                 update: Callable[[RunningMeanStd, np.ndarray], None] = RunningMeanStd.update) -> None:
         self.gamma, self.clip = gamma, clip
         self.rms = RunningMeanStd()
+        self._update = update  # folds the discounted returns seen into ``rms`` (on every learner, if several)
         self.returns: dict[int, np.ndarray] = {}  # member -> [k] discounted return so far
 
     def scale(self, batch: Batch) -> np.ndarray:
@@ -56,7 +59,7 @@ class RewardScaler:
             running = np.where(valid[t], running * self.gamma + batch.rewards[t], running)
             seen[t] = running
             running = np.where(valid[t] & done[t], 0.0, running)
-        self.rms.update(seen[valid])
+        self._update(self.rms, seen[valid])
         offsets = np.cumsum((0,) + batch.slots_per_member)
         for m, start, end in zip(batch.members, offsets[:-1], offsets[1:]):
             self.returns[m] = running[start:end]
@@ -109,22 +112,27 @@ def bootstrap(batch: Batch, values: torch.Tensor,
 
 
 class Trainer:
-    def __init__(self, config: Config, spec: EnvSpec, device: torch.device, max_lag: int | None = 0) -> None:
+    def __init__(self, config: Config, spec: EnvSpec, device: torch.device, max_lag: int | None = 0,
+                 ranks: Ranks | None = None) -> None:
         self.config = config
         self.device = device
+        self.ranks = ranks  # several learners (torch.distributed): see distributed.py
         self.max_lag = max_lag  # samples lagging more are an error; None: only counted
         self.lag_sum = 0  # over every trained sample, for the run's mean lag
         self.lag_max = 0
         torch.manual_seed(config.run.seed)
         self.model = build_policy(spec.observation, spec.action, config.model).to(device)
+        if ranks is not None:
+            ranks.broadcast(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.ppo.lr, eps=config.ppo.adam_eps)
         self.obs_rms = RunningMeanStd(spec.observation.shape) if config.env.normalize_obs else None
-        self.reward_scaler = (RewardScaler(config.ppo.gamma, config.env.clip_reward)
+        self.reward_scaler = (RewardScaler(config.ppo.gamma, config.env.clip_reward, self._update_rms)
                               if config.env.normalize_reward else None)
         self.generator = torch.Generator().manual_seed(config.run.seed)
         self.version = 0
         self.iteration = 0
-        self.env_steps = 0  # transitions trained on
+        self.env_steps = 0  # transitions trained on (by every learner, when there are several)
+        self.samples_trained = 0  # ... by this learner
 
     def snapshot(self) -> PolicySnapshot:
         """The current version, frozen for inference."""
@@ -179,10 +187,7 @@ class Trainer:
         logprobs = as_t(batch.logprobs)  # [T, N]
         model.train()
         keep = torch.as_tensor(valid, device=dev)  # [T, N]; False past a cut
-        settings = dict(epochs=cfg.epochs, minibatches=cfg.minibatches, clip_coef=cfg.clip_coef,
-                        clip_vloss=cfg.clip_vloss, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
-                        max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl,
-                        generator=self.generator)
+        settings = self._settings()
         if model.state_size:
             stats = ppo.update_recurrent(model, self.optimizer, obs, actions, starts, initial_state, keep,
                                          logprobs, advantages, returns, values, **settings)
@@ -190,8 +195,41 @@ class Trainer:
             stats = ppo.update(model, self.optimizer, obs[keep], actions[keep], logprobs[keep], advantages[keep],
                                returns[keep], values[keep], **settings)
         if self.obs_rms is not None:
-            self.obs_rms.update(batch.obs[valid])
+            self._update_rms(self.obs_rms, batch.obs[valid])
         return self._advance(batch, lag, start, lr, stats)
+
+    def train_empty(self) -> TrainStats:
+        """Several learners: this one's phase closed with no data, and it takes part in the update with
+        none (zero gradients), so that every learner trains every version (``distributed.py``)."""
+        start = time.perf_counter()
+        if self.reward_scaler is not None:
+            self._update_rms(self.reward_scaler.rms, np.zeros(0))
+        lr = self.learning_rate()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        stats = ppo.optimize(self.model, self.optimizer, lambda idx: (), 0, device=self.device, **self._settings())
+        if self.obs_rms is not None:
+            self._update_rms(self.obs_rms, np.zeros((0, *self.obs_rms.mean.shape)))
+        return self._advance(None, np.zeros(0, np.int64), start, lr, stats)
+
+    def _settings(self) -> dict:
+        cfg, ranks = self.config.ppo, self.ranks
+        settings = dict(epochs=cfg.epochs, minibatches=cfg.minibatches, clip_coef=cfg.clip_coef,
+                        clip_vloss=cfg.clip_vloss, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
+                        max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl,
+                        generator=self.generator)
+        if ranks is not None:
+            settings.update(reduce_gradients=lambda n: ranks.reduce_gradients(self.model, n), agree=ranks.mean)
+        return settings
+
+    def _update_rms(self, rms: RunningMeanStd, x: np.ndarray) -> None:
+        """Fold ``x`` into ``rms``; with several learners, every learner's rows, in rank order."""
+        if self.ranks is None:
+            rms.update(x)
+            return
+        for mean, var, n in self.ranks.moments(x, rms.mean.shape):
+            rms.update_moments(mean, var, n)
 
     def count_only(self, batch: Batch) -> TrainStats:
         """Check and count ``batch`` like ``train``, without updating the policy (collection benchmarks)."""
@@ -211,18 +249,23 @@ class Trainer:
                 )
         return lag
 
-    def _advance(self, batch: Batch, lag: np.ndarray, start: float, lr: float,
+    def _advance(self, batch: Batch | None, lag: np.ndarray, start: float, lr: float,
                  update: ppo.UpdateStats) -> TrainStats:
-        """Count the batch and move to the next version."""
+        """Count the batch and move to the next version. ``env_steps`` counts every learner's samples:
+        the learning-rate schedule and the step budget are the run's, not one learner's."""
         trained_version = self.version
+        size = 0 if batch is None else batch.size
         self.version += 1
         self.iteration += 1
-        self.env_steps += batch.size
+        self.env_steps += size if self.ranks is None else self.ranks.total(size)
+        self.samples_trained += size
+        if self.ranks is not None:  # after every update, on every learner: the parameters must be identical
+            self.ranks.check_identical(self.model)
         self.lag_sum += int(lag.sum())
-        self.lag_max = max(self.lag_max, int(lag.max()))
+        self.lag_max = max(self.lag_max, int(lag.max(initial=0)))
         return TrainStats(
-            version=trained_version, samples=batch.size, off_policy_samples=int(np.count_nonzero(lag)),
-            policy_lag_mean=float(lag.mean()), policy_lag_max=int(lag.max()),
+            version=trained_version, samples=size, off_policy_samples=int(np.count_nonzero(lag)),
+            policy_lag_mean=float(lag.mean()) if len(lag) else 0.0, policy_lag_max=int(lag.max(initial=0)),
             train_s=time.perf_counter() - start, lr=lr, update=update,
         )
 
@@ -242,6 +285,7 @@ class Trainer:
             "version": self.version,
             "iteration": self.iteration,
             "env_steps": self.env_steps,
+            "samples_trained": self.samples_trained,
             "lag_sum": self.lag_sum,
             "lag_max": self.lag_max,
             "torch_rng": torch.get_rng_state(),
@@ -257,6 +301,7 @@ class Trainer:
             self.reward_scaler.rms.load_state_dict(state["reward_rms"])
             self.reward_scaler.returns = dict(state["reward_returns"])
         self.version, self.iteration, self.env_steps = state["version"], state["iteration"], state["env_steps"]
+        self.samples_trained = state.get("samples_trained", self.env_steps)
         self.lag_sum, self.lag_max = state["lag_sum"], state["lag_max"]
         torch.set_rng_state(state["torch_rng"])
         self.generator.set_state(state["generator"])

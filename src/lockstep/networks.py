@@ -1,0 +1,85 @@
+"""Torsos and layers with CleanRL's initialization: what turns an observation into features.
+
+The MLP (orthogonal init, gain sqrt(2) in hidden layers), the Nature CNN for Atari frames and
+the small MinAtar CNN. Each torso returns its module and its feature width; ``models.py`` puts
+heads (and an LSTM) on top.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def layer(inp: int, out: int, gain: float) -> nn.Linear:
+    layer = nn.Linear(inp, out)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def mlp(inp: int, hidden: list[int], out: int, activation: str, out_gain: float) -> nn.Sequential:
+    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [layer(inp, width, math.sqrt(2)), act()]
+        inp = width
+    layers.append(layer(inp, out, out_gain))
+    return nn.Sequential(*layers)
+
+
+def nature_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int]:
+    """Mnih et al. (2015)'s torso for 84x84 frames, CleanRL's ``ppo_atari.py`` init: 512 features.
+
+    [B, C, H, W] uint8 or float in [0, 255] -> [B, 512]; the pixels are scaled here, on the learner.
+    """
+    convs = nn.Sequential(
+        conv(channels, 32, 8, 4), nn.ReLU(),
+        conv(32, 64, 4, 2), nn.ReLU(),
+        conv(64, 64, 3, 1), nn.ReLU(),
+        nn.Flatten(),
+    )
+    with torch.no_grad():
+        flat = convs(torch.zeros(1, channels, *size)).shape[1]
+    return nn.Sequential(Scale(1 / 255), *convs, layer(flat, 512, math.sqrt(2)), nn.ReLU()), 512
+
+
+def small_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int]:
+    """Young and Tian (2019)'s MinAtar torso: one 3x3 convolution with 16 filters, then 128 units.
+
+    [B, C, 10, 10] in {0, 1} -> [B, 128].
+    """
+    convs = nn.Sequential(conv(channels, 16, 3, 1), nn.ReLU(), nn.Flatten())
+    with torch.no_grad():
+        flat = convs(torch.zeros(1, channels, *size)).shape[1]
+    return nn.Sequential(Scale(1.0), *convs, layer(flat, 128, math.sqrt(2)), nn.ReLU()), 128
+
+
+def mlp_torso(inp: int, hidden: list[int], activation: str) -> tuple[nn.Sequential, int]:
+    """Flat observations -> the last hidden layer's activations."""
+    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for width in hidden:
+        layers += [layer(inp, width, math.sqrt(2)), act()]
+        inp = width
+    return nn.Sequential(*layers), inp
+
+
+class Scale(nn.Module):
+    """Multiply by a constant after converting to float (pixels travel as uint8)."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() * self.factor
+
+
+def conv(inp: int, out: int, kernel: int, stride: int) -> nn.Conv2d:
+    layer = nn.Conv2d(inp, out, kernel, stride)
+    nn.init.orthogonal_(layer.weight, math.sqrt(2))
+    nn.init.zeros_(layer.bias)
+    return layer

@@ -112,6 +112,34 @@ def cmd_bench_repro(args: argparse.Namespace) -> int:
     return 0 if report["identical"] else 1
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    from lockstep.bench import scale
+
+    opts = scale.ScaleOptions.quick() if args.quick else scale.ScaleOptions()
+    for name in ("sizes", "envs", "seconds", "phases", "steps_per_env", "actors_per_process"):
+        if getattr(args, name) is not None:
+            setattr(opts, name, getattr(args, name))
+    out = Path(args.out)
+    parts = ["lockstep bench scale", f"--out {out}", f"--sizes {','.join(map(str, opts.sizes))}",
+             f"--envs {','.join(map(str, opts.envs))}", f"--seconds {opts.seconds:g}"]
+    parts += [f"--phases {opts.phases}"] if opts.phases else []
+    parts += [f"--steps-per-env {opts.steps_per_env}", f"--actors-per-process {opts.actors_per_process}"]
+    rows = scale.run(opts, out, " ".join(parts))
+    print((out / "scale.md").read_text())
+    print(f"wrote {out / 'scale.md'} and {out / 'scale.json'}")
+    return 0 if not any(row["errors"] for row in rows) else 1
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``bench`` command and its subcommands, under the main parser's ``sub``."""
     bench = sub.add_parser("bench", help="benchmarks; each writes a table and JSON to --out")
@@ -186,3 +214,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--burners", type=int, default=1, help="CPU-burning processes beside the second run")
     p.add_argument("--out", default="bench-results/repro", help="folder for repro.md, repro.json and the runs")
     p.set_defaults(func=cmd_bench_repro)
+
+    p = bench_sub.add_parser("scale", help="one learner against 10 to 1,000 simulated gRPC actors: messages/s, "
+                                           "learner CPU per message, publish-to-release latency, memory per actor")
+    p.add_argument("--out", default="bench-results/scale", help="folder for scale.md, scale.json and runs/")
+    p.add_argument("--sizes", type=_int_list, help="actor counts (default 10,100,1000)")
+    p.add_argument("--envs", type=_int_list, help="envs per actor; every size runs with each (default 1,8)")
+    p.add_argument("--seconds", type=float, help="training seconds per size (default 20; 8 with --quick)")
+    p.add_argument("--phases", type=int, help="stop a size after this many phases, if sooner than --seconds")
+    p.add_argument("--steps-per-env", type=int, help="T (default 8)")
+    p.add_argument("--actors-per-process", type=int, help="simulated actors per client process (default 250)")
+    p.add_argument("--quick", action="store_true", help="8 s per size")
+    p.set_defaults(func=cmd_bench_scale)

@@ -17,7 +17,7 @@ from lockstep import envs as envs_lib
 from lockstep.backoff import Backoff
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
-from lockstep.transport.client import Connection, LearnerClosed, LearnerRefused
+from lockstep.transport.client import Connection, LearnerClosed, LearnerRefused, Misconfigured
 from lockstep.transport.messages import space_to_proto, step_to_proto
 from lockstep.transport.shm_client import LocalConnection
 from lockstep.transport.shm_layout import is_local
@@ -100,7 +100,8 @@ class EnvLoop:
 
 def run(opts: ActorOptions) -> int:
     """Connect, act until the learner finishes training, reconnecting if it goes away. Returns an exit code:
-    0 training finished, 1 no learner (any more), 2 the learner refused this actor."""
+    0 training finished, 1 no learner (any more), 2 the learner refused this actor or the actor's connection
+    settings cannot work with it (one log line names the cause and the flag that fixes it)."""
     vec = envs_lib.make_vector_env(opts.env, opts.num_envs)
     try:
         return _run(opts, vec)
@@ -134,7 +135,10 @@ def _run(opts: ActorOptions, vec) -> int:
             log.info("%s: the learner finished training", name)
             return 0
         except LearnerRefused as err:
-            log.error("%s: the learner refused this actor: %s", name, err.message)
+            log.error("%s: the learner at %s refused this actor: %s", name, opts.learner, err.message)
+            return 2
+        except Misconfigured as err:
+            log.error("%s: %s", name, err)
             return 2
         except ConnectionError as err:  # also what a transport makes of a lost learner
             log.warning("%s: %s", name, err)

@@ -1,21 +1,29 @@
-"""The ``lockstep`` command line. Heavy modules (torch) are imported inside commands, so that
-``lockstep actor`` and spawned actor processes never load torch."""
+"""lockstep: distributed PPO in the SEED architecture that stays on-policy.
+
+Actors step Gymnasium environments and stream observations to one learner, which batches inference for
+all of them and trains PPO only on transitions from the policy version it updates.
+
+This module is the ``lockstep`` command. Heavy modules (torch) are imported inside the commands, so that
+``lockstep actor`` and spawned actor processes never load torch; nor, until its command runs, gRPC.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-import time
 from pathlib import Path
 
 from lockstep import config as config_lib
 from lockstep.bench import cli as bench_cli
+from lockstep.tracking import MissingExtra
 from lockstep.transport import security
 
 # flag -> config field; each flag overrides the YAML file given by --config
 TRAINING_FLAGS = [
-    ("--env", "env.id", "Gymnasium id or package.module:callable"),
+    ("--env", "env.id", "env id: a Gymnasium id (CartPole-v1), atari:GAME, minatar:GAME, masked:ENV or "
+                        "package.module:callable"),
     ("--actors", "env.actors", "local actor processes (train) / expected actors (learner)"),
     ("--envs-per-actor", "env.envs_per_actor", "environments per actor"),
     ("--steps-per-env", "ppo.steps_per_env", "T: steps each env slot takes per policy version"),
@@ -41,6 +49,24 @@ TRAINING_FLAGS = [
     ("--checkpoint-minutes", "run.checkpoint_minutes", "minutes between periodic checkpoints"),
 ]
 
+# train only: who starts the actors (docs/cluster.md)
+LAUNCHER_FLAGS = [
+    ("--ray-address", "env.ray_address",
+     "--launcher ray: join the Ray cluster at HOST:6379 (or auto) instead of starting Ray on this host; "
+     "--listen must then be an address its nodes reach"),
+    ("--ray-num-cpus", "env.ray_num_cpus",
+     "--launcher ray, Ray started here: CPUs it offers (default: this host's cores, or enough for --actors)"),
+    ("--ray-cpus-per-actor", "env.ray_cpus_per_actor", "--launcher ray: CPUs Ray reserves for each actor"),
+]
+
+
+def _add_launcher_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--launcher", dest="env.launcher", choices=config_lib.LAUNCHERS, default=None,
+                   help="who starts the actors: local processes (default), or Ray actors that reach the learner "
+                        "over gRPC (pip install -e '.[ray]') [env.launcher]")
+    for flag, dotted, help_text in LAUNCHER_FLAGS:
+        p.add_argument(flag, dest=dotted, default=None, help=f"{help_text} [{dotted}]")
+
 
 def _add_training_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE_OR_PRESET",
@@ -56,12 +82,44 @@ def _add_training_flags(p: argparse.ArgumentParser) -> None:
                    help="override any config field, e.g. --set ppo.ent_coef=0.0 (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
     p.add_argument("--audit", action="store_true", help="write each training batch and policy to RUN_DIR/audit")
+    p.add_argument("--wandb", action="store_true",
+                   help="also log to Weights & Biases (pip install -e '.[wandb]'; offline into RUN_DIR/wandb "
+                        "without credentials or with WANDB_MODE=offline)")
     p.add_argument("--token", help=f"shared secret actors must present (default ${security.TOKEN_ENV}); "
                                    "required to listen off loopback")
     p.add_argument("--tls-cert", dest="learner.tls_cert", help="PEM certificate chain: serve TLS [learner.tls_cert]")
     p.add_argument("--tls-key", dest="learner.tls_key", help="PEM private key for --tls-cert [learner.tls_key]")
     p.add_argument("--sanitize", action="store_true",
                    help="replace NaN/inf observations and rewards instead of refusing them [learner.sanitize]")
+
+
+class UsageError(Exception):
+    """A command line that cannot work; the message names the fix (exit code 2)."""
+
+
+def check_env(env_id: str) -> None:
+    """Make one env of ``env_id`` before anything starts, so that an unknown id or a missing optional extra
+    is one line that names the fix instead of a traceback from inside the learner or an actor."""
+    import difflib
+
+    import gymnasium as gym
+
+    from lockstep import envs
+
+    try:
+        envs.env_spec(env_id)
+    except gym.error.Error as err:  # DependencyNotInstalled names gymnasium's extra; ours wraps it
+        extra = next((e for e in ("mujoco", "atari", "minatar") if e in str(err).lower()), None)
+        fix = f" (with lockstep: pip install -e '.[{extra}]')" if extra else ""
+        raise UsageError(f"{env_id}: {err}{fix}") from None
+    except ValueError as err:
+        if ":" in env_id or env_id in gym.registry:  # schemes suggest names themselves; not an unknown id
+            raise UsageError(str(err)) from None
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+        names = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}" if close else ""
+        hint = f"did you mean {names}?" if names else (
+            "other forms: atari:GAME (e.g. atari:BreakoutNoFrameskip-v4), minatar:GAME, masked:ENV")
+        raise UsageError(f"{err}; {hint}") from None
 
 
 def resolve_config(args: argparse.Namespace) -> config_lib.Config:
@@ -76,8 +134,9 @@ def resolve_config(args: argparse.Namespace) -> config_lib.Config:
         config = config_lib.default_config(getattr(args, "env.id"))
     else:  # a lone learner: its actors start elsewhere, with env counts that no preset describes
         config = config_lib.Config()
-    for dotted in [d for _, d, _ in TRAINING_FLAGS] + ["learner.tls_cert", "learner.tls_key"]:
-        value = getattr(args, dotted)
+    launcher = ["env.launcher"] + [d for _, d, _ in LAUNCHER_FLAGS]  # train's flags only
+    for dotted in [d for _, d, _ in TRAINING_FLAGS] + ["learner.tls_cert", "learner.tls_key"] + launcher:
+        value = getattr(args, dotted, None)
         if value is not None:
             config_lib.set_value(config, dotted, value)
     for item in args.set:
@@ -89,13 +148,11 @@ def resolve_config(args: argparse.Namespace) -> config_lib.Config:
         config.run.progress = False
     if args.audit:
         config.run.audit = True
+    if args.wandb:
+        config.run.wandb = True
     if args.sanitize:
         config.learner.sanitize = True
-    if not config.run.name:
-        env_name = config.env.id.replace("/", "_").replace(":", "_")
-        config.run.name = f"{env_name}-s{config.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not config.run.run_dir:
-        config.run.run_dir = str(Path("runs") / config.run.name)
+    config_lib.name_run(config)
     config.validate()
     return config
 
@@ -114,16 +171,18 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     config = resolve_config(args)
+    check_env(config.env.id)
     from lockstep.launch import train
 
     run_dir = Path(config.run.run_dir)
     summary = train(config, run_dir, token=security.token_from(args.token), resume=bool(args.resume))
-    _print_summary(summary, run_dir)
+    _print_summary(summary, Path(config.run.run_dir))  # under torchrun, this rank's RUN_DIR/rankR
     return 0
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
     config = resolve_config(args)
+    check_env(config.env.id)
     from lockstep.launch import train
 
     run_dir = Path(config.run.run_dir)
@@ -134,6 +193,10 @@ def cmd_learner(args: argparse.Namespace) -> int:
 
 
 def cmd_actor(args: argparse.Namespace) -> int:
+    # gRPC's core logs each failed TLS handshake at INFO on stderr, and reads this once, when grpc is first
+    # imported (nothing before this line imports it); the actor says what went wrong in one line of its own.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    check_env(args.env)
     from lockstep.actor import ActorOptions, run
 
     opts = ActorOptions(learner=args.learner, env=args.env, num_envs=args.num_envs, actor_id=args.actor_id,
@@ -168,25 +231,91 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return audit_main(args.run_dir, args.tolerance)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lockstep", description=__doc__.split("\n")[0] if __doc__ else None)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+def cmd_eval(args: argparse.Namespace) -> int:
+    from lockstep import evaluation
 
-    p = sub.add_parser("train", help="train with a local learner and local actor processes")
+    return evaluation.main(Path(args.run_dir), args.episodes, args.deterministic, args.seed, args.device,
+                           args.checkpoint, args.video, args.out)
+
+
+# command -> (its line in `lockstep --help`, what it does, examples) for `lockstep COMMAND --help`
+HELP = {
+    "train": ("train on this machine: a learner and its actors",
+              "Starts a learner in this process and --actors actors (processes on shared memory, or env loops in\n"
+              "the learner with --transport inprocess), trains to --total-steps and writes the run directory:\n"
+              "config.yaml, metrics.csv, summary.json, checkpoints/. Without --config: the cartpole-fast preset.",
+              "lockstep train                                  # CartPole-v1 to a mean return of 475\n"
+              "lockstep train --config halfcheetah --seed 2    # a preset or a YAML file; flags override it\n"
+              "lockstep train --resume runs/NAME               # continue from the newest checkpoint"),
+    "learner": ("run only the learner; actors connect to it from anywhere",
+                "Serves actors over gRPC on --listen and, on this host, through the unix:/path address it logs.\n"
+                "The first phase starts once --min-actors actors have said hello. Off loopback it needs a\n"
+                "token (--token or $LOCKSTEP_TOKEN); --tls-cert and --tls-key add TLS.",
+                "lockstep learner --env CartPole-v1 --listen 0.0.0.0:50051 --min-actors 4 --token SECRET"),
+    "actor": ("run one actor: step environments, let the learner choose the actions",
+              "Steps --num-envs copies of --env and sends every observation to the learner at --learner.\n"
+              "Exits 0 when training ends, 1 when no learner answers for --retry-for seconds, 2 when the\n"
+              "learner refuses it or its TLS settings cannot work (the log line names the flag to fix).\n"
+              "Imports no torch: requirements-actor.txt is all it needs.",
+              "lockstep actor --learner learner-host:50051 --token SECRET --num-envs 32 --actor-id 1\n"
+              "lockstep actor --learner learner-host:50051 --tls-ca ca.pem --env atari:BreakoutNoFrameskip-v4"),
+    "audit": ("check that a run trained with --audit was on-policy",
+              "Recomputes every stored behaviour log-prob from the stored policy versions and prints one\n"
+              "verdict: PASS (exit 0), FAIL (1) or NOTHING CHECKED (2).",
+              "lockstep train --audit --run-dir runs/checked && lockstep audit runs/checked"),
+    "eval": ("play a trained policy for N episodes; mp4 videos with --video",
+             "Loads RUN_DIR's config and final checkpoint (or the newest periodic one) into this process (no\n"
+             "learner, no gRPC) and plays --episodes episodes (atari: ids whole games, raw scores). Prints each\n"
+             "return and length and the mean ± std, and writes RUN_DIR/eval.json.",
+             "lockstep eval runs/NAME --episodes 20 --deterministic\n"
+             "lockstep eval runs/NAME --episodes 3 --video videos/   # videos/episode-000.mp4, ..."),
+    "plot": ("learning curves: the mean and min-max of runs that share a config",
+             "Reads each RUN_DIR's metrics.csv, groups the runs whose config.yaml differs only in its run\n"
+             "section, and draws each group against env steps and/or wall time (pip install -e '.[plot]').",
+             "lockstep plot runs/CartPole-v1-s* --out cartpole.png"),
+}
+
+
+def _command(sub, name: str) -> argparse.ArgumentParser:
+    summary, description, examples = HELP[name]
+    return sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}.\n\n{description}",
+                          epilog="examples:\n  " + examples.replace("\n", "\n  "),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+EXAMPLES = """examples:
+  lockstep train                                   # CartPole-v1 with the cartpole-fast preset
+  lockstep train --config pendulum --seed 2        # presets: lockstep train --help, --config
+  lockstep learner --listen 0.0.0.0:50051 --token SECRET      # then, on other machines:
+  lockstep actor --learner learner-host:50051 --token SECRET --actor-id 1
+  lockstep eval runs/NAME --episodes 10 --video videos/
+  lockstep bench throughput --quick --out bench-results/throughput
+
+Each command's --help gives its flags and examples."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lockstep", description="\n\n".join(__doc__.split("\n\n")[:2]),
+                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command", required=True)
+
+    p = _command(sub, "train")
     _add_training_flags(p)
+    _add_launcher_flags(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("learner", help="run only the learner; actors connect to it")
+    p = _command(sub, "learner")
     _add_training_flags(p)
     p.set_defaults(func=cmd_learner)
 
-    p = sub.add_parser("actor", help="run one actor against a learner")
+    p = _command(sub, "actor")
     p.add_argument("--learner", required=True,
                    help="learner address: host:port (gRPC), or unix:/path (an actor on the learner's host: "
                         "shared memory; the learner logs this address)")
     p.add_argument("--env", default="CartPole-v1",
-                   help="Gymnasium id or package.module:callable (must match the learner's)")
+                   help="env id, the learner's: a Gymnasium id, atari:GAME, minatar:GAME, masked:ENV or "
+                        "package.module:callable (default CartPole-v1)")
     p.add_argument("--num-envs", type=int, default=4, help="environments in this actor's vector env")
     p.add_argument("--actor-id", type=int, default=0, help="distinct id per actor (seeds its envs and action noise)")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for each connection")
@@ -197,12 +326,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-server-name", help="name to verify in the learner's certificate, if not the host")
     p.set_defaults(func=cmd_actor)
 
-    p = sub.add_parser("audit", help="recompute the behaviour log-probs of a run trained with --audit")
+    p = _command(sub, "audit")
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory of a `lockstep train --audit` run")
     p.add_argument("--tolerance", type=float, default=1e-5, help="largest |recomputed - stored| log-prob accepted")
     p.set_defaults(func=cmd_audit)
 
-    p = sub.add_parser("plot", help="learning curves of runs: the mean and min-max across runs of one config")
+    p = _command(sub, "eval")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (its config.yaml and checkpoints/)")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="checkpoint to load (default: RUN_DIR/checkpoints/final.pt, else the newest iter_N.pt)")
+    p.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="take the most likely action (argmax, or the Gaussian's mean) instead of sampling")
+    p.add_argument("--seed", type=int, default=0, help="seeds the env's resets and the action noise (default 0)")
+    p.add_argument("--video", metavar="DIR", help="write DIR/episode-NNN.mp4 per episode (pip install -e '.[video]')")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    p.add_argument("--out", metavar="FILE.json", help="where to write the results (default RUN_DIR/eval.json)")
+    p.set_defaults(func=cmd_eval)
+
+    p = _command(sub, "plot")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their metrics.csv)")
     p.add_argument("--x", choices=["steps", "time", "both"], default="both",
                    help="against env steps, wall time since training started, or both side by side (default)")
@@ -225,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     except config_lib.ConfigError as err:
         print(f"lockstep: config error: {err}", file=sys.stderr)
         return 2
-    except (security.SecurityError, FileNotFoundError) as err:
+    except (security.SecurityError, FileNotFoundError, UsageError, MissingExtra) as err:
         print(f"lockstep: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -157,12 +157,13 @@ def reward_threshold(env_id: str) -> float | None:
     return float(spec.reward_threshold)
 
 
-def make_env(env_id: str, training: bool = True) -> gym.Env:
+def make_env(env_id: str, training: bool = True, **kwargs) -> gym.Env:
     """One env of ``env_id`` that records its episodes: ``info["episode"]`` (``r`` return, ``l`` length, ``t``
     seconds) on the last step of each. ``training=False``: the env to evaluate a policy on (for ``atari:``
-    ids no episodic life and no reward clipping; the same env for every other id)."""
+    ids no episodic life and no reward clipping; the same env for every other id). ``kwargs`` go to the
+    factory (``gym.make`` for a registered id), e.g. ``render_mode="rgb_array"``."""
     scheme, _, name = env_id.partition(":")
-    env = SCHEMES[scheme](name, training=training) if scheme in SCHEMES else resolve_env(env_id)()
+    env = SCHEMES[scheme](name, training=training, **kwargs) if scheme in SCHEMES else resolve_env(env_id)(**kwargs)
     return env if _records_episodes(env) else RecordEpisodes(env)
 
 

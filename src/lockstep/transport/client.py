@@ -8,6 +8,7 @@ know which transport it speaks.
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -36,6 +37,12 @@ class LearnerRefused(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code, self.message = code, message
+
+
+class Misconfigured(ConnectionError):
+    """The actor's connection settings cannot work with this learner (TLS on one end only, the wrong CA or
+    server name): retrying cannot help, and the message names the flag that fixes it. The actor exits with code 2.
+    A ``ConnectionError``, so that callers who only care that no connection came up need not know it."""
 
 
 class StepSource(Protocol):
@@ -83,10 +90,10 @@ class Connection:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.retries = 0
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
-        except grpc.FutureTimeoutError:
+            self._wait_ready(address, connect_timeout, tls_ca, tls_server_name)
+        except BaseException:
             self._channel.close()
-            raise ConnectionError(f"no learner answered at {address} within {connect_timeout:.0f} s") from None
+            raise
         call = self._channel.stream_stream(
             METHOD, request_serializer=pb.ActorMessage.SerializeToString,
             response_deserializer=pb.LearnerMessage.FromString,
@@ -101,6 +108,28 @@ class Connection:
             self.close()  # a refused hello: nothing else would close the channel
             raise
         self.welcome: pb.Welcome = reply.welcome
+
+    def _wait_ready(self, address: str, timeout: float, tls_ca: str | None, tls_server_name: str | None) -> None:
+        """Wait for the channel to come up. Each time an attempt fails, ask whether the TLS settings are the
+        cause (``security.diagnose_tls``) and raise ``Misconfigured`` if so, instead of retrying for nothing."""
+        states: queue.SimpleQueue = queue.SimpleQueue()
+        watch = states.put
+        self._channel.subscribe(watch, try_to_connect=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    state = states.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    raise ConnectionError(f"no learner answered at {address} within {timeout:.0f} s") from None
+                if state is grpc.ChannelConnectivity.READY:
+                    return
+                if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                    problem = security.diagnose_tls(address, tls_ca, tls_server_name)
+                    if problem:
+                        raise Misconfigured(problem)
+        finally:
+            self._channel.unsubscribe(watch)
 
     @classmethod
     def open(cls, address: str, hello: pb.Hello, connect_timeout: float = 30.0, **kwargs) -> Connection:

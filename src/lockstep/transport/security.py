@@ -2,6 +2,23 @@
 
 The learner listens on loopback by default. Listening on any other address needs
 a token, which every stream must present (compared in constant time).
+
+``diagnose_tls`` tells an actor why its channel cannot come up when the cause is its own TLS settings.
+gRPC does not say: a channel only reports TRANSIENT_FAILURE, and the reason ("Socket closed", or an
+OpenSSL string) appears in the details of a failed call in wording that changes between gRPC versions;
+a plaintext client at a TLS server sees only "Socket closed", as it would for any dropped connection.
+So the actor asks the learner's port itself, with Python's ``ssl`` module, whose answers are stable:
+
+1. a TCP connection; if it fails, nothing is listening (yet): not a configuration error, keep retrying;
+2. a TLS handshake that verifies nothing: if it fails at the TLS layer, the learner speaks plaintext;
+   if it succeeds, the learner speaks TLS, and a plaintext actor is misconfigured;
+3. a handshake that verifies the certificate against ``--tls-ca``: if it fails, the CA is the wrong one
+   (or the certificate is expired, ...: OpenSSL's reason is quoted);
+4. one that also checks the name (``--tls-server-name``, else the host): if it fails, the name is wrong.
+
+Each step runs only when gRPC's own attempt has just failed, so a working actor never probes.
+grpc is imported where it is used, so that ``lockstep actor`` can set ``GRPC_VERBOSITY`` before
+gRPC's core reads it.
 """
 
 from __future__ import annotations
@@ -9,9 +26,13 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import socket
+import ssl
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
+if TYPE_CHECKING:
+    import grpc
 
 TOKEN_ENV = "LOCKSTEP_TOKEN"
 METADATA_KEY = "authorization"
@@ -75,7 +96,7 @@ def authorized(invocation_metadata, token: str) -> str | None:
         return f"this learner requires a token: pass --token to the actor or set {TOKEN_ENV}"
     given = presented[len(SCHEME):] if presented.startswith(SCHEME) else presented
     if not hmac.compare_digest(given.encode(), token.encode()):
-        return "wrong token"
+        return f"wrong token: pass the learner's token with --token or set {TOKEN_ENV}"
     return None
 
 
@@ -87,8 +108,82 @@ def _read(path: str, what: str) -> bytes:
 
 
 def server_credentials(cert: str, key: str) -> grpc.ServerCredentials:
+    import grpc
+
     return grpc.ssl_server_credentials([(_read(key, "key"), _read(cert, "certificate"))])
 
 
 def channel_credentials(ca: str) -> grpc.ChannelCredentials:
+    import grpc
+
     return grpc.ssl_channel_credentials(root_certificates=_read(ca, "CA certificate"))
+
+
+def diagnose_tls(address: str, tls_ca: str | None, server_name: str | None = None,
+                 timeout: float = 3.0) -> str | None:
+    """Why an actor with these TLS settings cannot talk to the learner at ``address`` (module docstring),
+    naming the flag that fixes it; None when the cause is not the settings or cannot be told."""
+    host, port = split_address(address)
+    host = host.strip("[]")
+    try:
+        _handshake(host, int(port), None, None, timeout)
+    except _Unreachable:
+        return None
+    except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
+        if tls_ca:
+            return (f"the learner at {address} does not speak TLS: drop --tls-ca, or start the learner "
+                    f"with --tls-cert and --tls-key")
+        return None
+    except OSError:  # a timeout mid-handshake: something answers, but not clearly either way
+        return None
+    if not tls_ca:
+        return (f"the learner at {address} speaks TLS: pass --tls-ca CA.pem, the CA certificate "
+                f"that signed the learner's --tls-cert")
+    try:
+        cert = _handshake(host, int(port), tls_ca, None, timeout)
+        name = server_name or host
+        _handshake(host, int(port), tls_ca, name, timeout)
+    except ssl.SSLCertVerificationError as err:
+        if err.verify_code != _HOSTNAME_MISMATCH:
+            return (f"the learner's TLS certificate at {address} does not verify against --tls-ca {tls_ca} "
+                    f"({err.verify_message}): pass --tls-ca with the CA certificate that signed the "
+                    f"learner's --tls-cert")
+        names = ", ".join(_names(cert)) or "none"
+        return (f"the learner's TLS certificate at {address} is not valid for {name!r} (it names: {names}): "
+                f"pass --tls-server-name with one of those names")
+    except (OSError, _Unreachable):
+        return None
+    return None
+
+
+_HOSTNAME_MISMATCH = 62  # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH
+
+
+class _Unreachable(Exception):
+    """No TCP connection to the address: nobody listens there (yet), or the network is in the way."""
+
+
+def _handshake(host: str, port: int, ca: str | None, name: str | None, timeout: float) -> dict:
+    """One TLS handshake with the learner; returns its verified certificate ({} when ``ca`` is None).
+    ``ca``: verify the chain against it; ``name``: also check that the certificate is for ``name``."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.set_alpn_protocols(["h2"])  # what gRPC offers
+    if ca is None:
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    else:
+        context.load_verify_locations(cafile=ca)
+        context.check_hostname = name is not None
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as err:
+        raise _Unreachable(str(err)) from err
+    with sock, context.wrap_socket(sock, server_hostname=name or host) as tls:
+        return tls.getpeercert() or {}
+
+
+def _names(cert: dict) -> list[str]:
+    """The names a certificate is valid for: its subjectAltName entries, else its common name."""
+    names = [value for kind, value in cert.get("subjectAltName", ()) if kind in ("DNS", "IP Address")]
+    if not names:
+        names = [value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"]
+    return names

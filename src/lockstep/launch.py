@@ -1,4 +1,5 @@
-"""``lockstep train``: one learner in this process and local actor processes on loopback.
+"""``lockstep train``: one learner in this process and its actors, started by the launcher ``env.launcher``
+names: local actor processes on loopback (here), or Ray actors (``launchers/ray.py``).
 
 Local actors are supervised: one that dies (not one that finished, nor one the
 learner refused) is restarted after a backoff, up to ``env.actor_restarts`` times.
@@ -18,8 +19,12 @@ from typing import Any
 from lockstep.actor import ActorOptions, process_main
 from lockstep.backoff import Backoff
 from lockstep.config import Config
+from lockstep.distributed import Ranks, ranks_run
+from lockstep.launchers import Launcher
+from lockstep.launchers.ray import RayActors
 from lockstep.learner import Learner
 from lockstep.metrics import write_summary
+from lockstep.models import resolve_device
 from lockstep.progress import Progress
 
 log = logging.getLogger("lockstep.train")
@@ -128,8 +133,16 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     With ``local_actors=False`` (``lockstep learner``) no actor is started: actors connect from
     elsewhere. SIGINT and SIGTERM stop the run in order either way.
     """
-    in_process = local_actors and config.learner.transport == "inprocess"
-    learner = Learner(config, run_dir, token=token, resume=resume, in_process_actors=in_process)
+    ranks = Ranks.from_env(resolve_device(config.learner.device))  # under torchrun: one of several learners
+    if ranks is not None:
+        run_dir, config.run.seed = ranks_run(ranks, run_dir, config.run.seed)
+        config.run.run_dir = str(run_dir)
+    # Ray actors always use gRPC (they may run on other hosts); a missing Ray fails here, before the learner starts.
+    ray_actors = RayActors(config, run_dir, token) if local_actors and config.env.launcher == "ray" else None
+    in_process = local_actors and ray_actors is None and config.learner.transport == "inprocess"
+    learner = Learner(config, run_dir, token=token, resume=resume, in_process_actors=in_process, ranks=ranks)
+    if ray_actors is not None:
+        ray_actors.connect()  # before the learner's gRPC server starts: Ray forks
     outcome: dict[str, Any] = {}
 
     def serve() -> None:
@@ -140,7 +153,7 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
 
     thread = threading.Thread(target=serve, name="lockstep-learner")
     thread.start()
-    supervisor: ActorSupervisor | None = None
+    supervisor: Launcher | None = None
     interrupted = threading.Event()
 
     def on_signal(signum, _frame) -> None:
@@ -160,6 +173,9 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
         if in_process:
             log.info("run directory %s; %d actor(s) x %d env(s) inside the learner process",
                      run_dir, config.env.actors, config.env.envs_per_actor)
+        elif ray_actors is not None:
+            supervisor = ray_actors
+            ray_actors.start(port)
         elif local_actors:
             address = _local_actor_address(config, port, learner.local_address)
             tls = config.learner.tls_cert or None

@@ -107,6 +107,7 @@ def test_baseline_computes_what_a_one_actor_strict_learner_computes(tmp_path):
     ("pendulum-scaled", "configs/pendulum.yaml", {"env.actors": 4, "env.envs_per_actor": 16,
                                                   "ppo.steps_per_env": 64, "ppo.epochs": 4, "ppo.minibatches": 4}),
     ("atari-breakout", "configs/breakout.yaml", {"ppo.steps_per_env": 32}),
+    ("atari-breakout-envpool", "configs/breakout.yaml", {"ppo.steps_per_env": 32, "env.id": "envpool:Breakout-v5"}),
 ])
 def test_bench_configs_are_the_repository_configs_with_the_stated_changes(name, path, changes):
     built = throughput.build_config(throughput.CONFIGS[name], 4096, 10.0, "cpu")

@@ -13,6 +13,9 @@ check). Schemes come first, then the other forms:
 - ``minatar:GAME``: a MinAtar game (``lockstep.wrappers.minatar``; asterix, breakout, freeway, seaquest,
   space_invaders), e.g. ``minatar:breakout``; observation Box(0, 1, (C, 10, 10), uint8), Discrete actions,
   episodes cut at 10,000 steps. Needs ``pip install -e '.[minatar]'``.
+- ``envpool:TASK``: an EnvPool Atari task as the actor's vector env, e.g. ``envpool:Breakout-v5``: the
+  same spaces and preprocessing as ``atari:BreakoutNoFrameskip-v4``, stepped in C++ threads
+  (``lockstep.wrappers.envpool``). Needs ``pip install -e '.[envpool]'``.
 - ``masked:ENV``: a control env with its velocities hidden (``lockstep.wrappers.masked``), e.g.
   ``masked:CartPole-v1``: observation Box((2,), float32), cart position and pole angle.
 - a registered Gymnasium id, e.g. ``CartPole-v1``, or ``module:EnvId`` (the module registers it).
@@ -41,6 +44,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from lockstep.wrappers import envpool as envpool_backend
 from lockstep.wrappers.atari import make_atari
 from lockstep.wrappers.masked import make_masked
 from lockstep.wrappers.minatar import make_minatar
@@ -109,7 +113,11 @@ class EnvSpec:
 
 
 # scheme -> make(name, training=True, **kwargs): the env of the id "scheme:name"
-SCHEMES: dict[str, Callable[..., gym.Env]] = {"atari": make_atari, "minatar": make_minatar, "masked": make_masked}
+SCHEMES: dict[str, Callable[..., gym.Env]] = {
+    "atari": make_atari, "minatar": make_minatar, "masked": make_masked,
+    # one env of an EnvPool task is its Gymnasium twin (same spaces, same preprocessing); vector envs are EnvPool's
+    "envpool": lambda task, **kwargs: make_atari(envpool_backend.gymnasium_id(task).partition(":")[2], **kwargs),
+}
 
 
 def resolve_env(env_id: str) -> Callable[..., gym.Env]:
@@ -218,6 +226,9 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+    scheme, _, name = env_id.partition(":")
+    if scheme == "envpool":  # EnvPool steps the envs in C++ threads, with the same-step semantics (wrappers/envpool.py)
+        return envpool_backend.EnvpoolVector(name, num_envs)
     envs = gym.vector.SyncVectorEnv(
         [lambda: make_env(env_id) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
     )

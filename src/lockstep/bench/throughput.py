@@ -99,6 +99,10 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in [
                           "T=32, 4 epochs x 4 minibatches",
         _preset("breakout"), {"ppo.steps_per_env": 32}, ("baseline", "collect", "strict"),
         steps_full=8 * 32 * 16, steps_quick=8 * 32 * 2),
+    BenchConfig(
+        "atari-breakout-envpool", "atari-breakout with EnvPool stepping each actor's envs (env.id envpool:Breakout-v5)",
+        _preset("breakout"), {"ppo.steps_per_env": 32, "env.id": "envpool:Breakout-v5"},
+        ("baseline", "collect", "strict"), steps_full=8 * 32 * 16, steps_quick=8 * 32 * 2),
 ]}
 
 TIME_LIMIT_S = {False: 60.0, True: 8.0}  # safety cap per run (run.time_limit_s): full, quick

@@ -139,11 +139,7 @@ def resolve_config(args: argparse.Namespace) -> config_lib.Config:
         value = getattr(args, dotted, None)
         if value is not None:
             config_lib.set_value(config, dotted, value)
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise config_lib.ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        config_lib.set_value(config, key.strip(), value.strip())
+    config_lib.apply_sets(config, args.set)
     if args.no_progress:
         config.run.progress = False
     if args.audit:

@@ -261,6 +261,15 @@ def default_config(env_id: str | None = None) -> Config:
     return Config()
 
 
+def apply_sets(config: Config, items: list[str]) -> None:
+    """Apply ``--set KEY=VALUE`` items (``section.key=value``) in order."""
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        set_value(config, key.strip(), value.strip())
+
+
 def name_run(config: Config) -> Path:
     """Fill in ``run.name`` (default ``<env>-s<seed>-<date>-<time>``) and ``run.run_dir`` (default
     ``runs/<name>``) where they are empty; return the run directory."""

@@ -145,11 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     args = parser.parse_args(argv)
     config = config_lib.load(args.config)
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set expects KEY=VALUE, got {item!r}")
-        config_lib.set_value(config, key.strip(), value.strip())
+    try:
+        config_lib.apply_sets(config, args.set)
+    except config_lib.ConfigError as err:
+        parser.error(str(err))
     if args.collect_only:
         config.run.collect_only = True
     result = run(config)

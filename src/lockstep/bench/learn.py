@@ -72,11 +72,7 @@ def threshold_of(config: config_lib.Config) -> tuple[float, str]:
 def build_config(options: LearnOptions) -> tuple[config_lib.Config, float, str]:
     """The config both runs of every seed use (seed aside), the threshold, and where the threshold comes from."""
     config = config_lib.load(options.source)
-    for item in options.overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise config_lib.ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        config_lib.set_value(config, key.strip(), value.strip())
+    config_lib.apply_sets(config, options.overrides)
     if options.transport is not None:
         config_lib.set_value(config, "learner.transport", options.transport)
     threshold, source = threshold_of(config)

@@ -151,11 +151,7 @@ def build_config(entry: Entry, options: SuiteOptions) -> config_lib.Config:
     """The config every seed of ``entry`` trains with (seed aside): its budget scaled (at least one batch),
     no early stop, the overrides applied, progress off."""
     config = config_lib.load(entry.source)
-    for item in options.overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise config_lib.ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        config_lib.set_value(config, key.strip(), value.strip())
+    config_lib.apply_sets(config, options.overrides)
     if options.transport is not None:
         config_lib.set_value(config, "learner.transport", options.transport)
     if options.budget_scale <= 0:

@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from lockstep.envs import wrapper_types
 from lockstep.wrappers.atari import (
     ClipReward,
     EpisodicLife,
@@ -43,14 +44,6 @@ class RecordActions(gym.Wrapper):
     def step(self, action):
         self.actions.append(int(action))
         return self.env.step(action)
-
-
-def wrappers(env: gym.Env) -> list[type]:
-    found = []
-    while isinstance(env, gym.Wrapper):
-        found.append(type(env))
-        env = env.env
-    return found
 
 
 def test_area_weights_average_the_input_pixels_each_output_pixel_covers():
@@ -153,8 +146,8 @@ def test_fire_reset_presses_fire_after_every_reset_in_games_that_have_it():
     env.step(NOOP)
     env.reset()
     assert recorded.actions == [FIRE, NOOP, FIRE]
-    assert FireReset not in wrappers(make_atari("FreewayNoFrameskip-v4"))  # NOOP, UP, DOWN: nothing to fire
-    assert FireReset in wrappers(make_atari("PongNoFrameskip-v4"))
+    assert FireReset not in wrapper_types(make_atari("FreewayNoFrameskip-v4"))  # NOOP, UP, DOWN: nothing to fire
+    assert FireReset in wrapper_types(make_atari("PongNoFrameskip-v4"))
 
 
 def test_noop_reset_plays_a_seeded_random_number_of_noops():
@@ -187,7 +180,7 @@ def test_the_training_stack_observes_stacked_84x84_uint8_frames_and_repeats_from
 
 def test_the_evaluation_stack_plays_whole_games_with_raw_rewards():
     env = make_atari(BREAKOUT, training=False)
-    assert EpisodicLife not in wrappers(env) and ClipReward not in wrappers(env)
+    assert EpisodicLife not in wrapper_types(env) and ClipReward not in wrapper_types(env)
     env.reset(seed=2)
     steps, terminated, truncated = 0, False, False
     while not (terminated or truncated) and steps < 3000:

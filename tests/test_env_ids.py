@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from lockstep.actor import EnvLoop
-from lockstep.envs import RecordEpisodes, SpaceSpec, env_spec, make_env, make_vector_env, reward_threshold
+from lockstep.envs import (
+    RecordEpisodes,
+    SpaceSpec,
+    env_spec,
+    make_env,
+    make_vector_env,
+    reward_threshold,
+    wrapper_types,
+)
 from lockstep.wrappers.atari import ClipReward, EpisodicLife, register_atari, wrap_atari
 
 ASTERIX = "AsterixNoFrameskip-v4"
@@ -111,14 +119,7 @@ def test_atari_ids_build_the_stack_for_training_or_evaluation():
     assert spec.action.describe() == "Discrete(6)"
     assert env_spec("atari:ALE/Pong-v5").observation == spec.observation  # the stack skips frames, not the ALE
 
-    def wrappers(env: gym.Env) -> list[type]:
-        found = []
-        while isinstance(env, gym.Wrapper):
-            found.append(type(env))
-            env = env.env
-        return found
-
-    training, evaluation = wrappers(make_env("atari:PongNoFrameskip-v4")), wrappers(make_env(
+    training, evaluation = wrapper_types(make_env("atari:PongNoFrameskip-v4")), wrapper_types(make_env(
         "atari:PongNoFrameskip-v4", training=False))
     assert EpisodicLife in training and ClipReward in training
     assert EpisodicLife not in evaluation and ClipReward not in evaluation

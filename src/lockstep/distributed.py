@@ -139,5 +139,8 @@ class Ranks:
         return {"rank": self.rank, "world": self.world, "identical_parameter_checks": self.checks}
 
     def close(self) -> None:
+        """Leave the process group together: a rank that tears its side down while another still talks to
+        it can abort that one (gloo), so every rank first waits for all the others."""
         if dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()

@@ -185,13 +185,18 @@ class RecordEpisodes(gym.wrappers.RecordEpisodeStatistics):
         return getattr(self.env, name)
 
 
+def wrapper_types(env: gym.Env) -> list[type]:
+    """The classes of ``env``'s wrappers, outermost first."""
+    found = []
+    while isinstance(env, gym.Wrapper):
+        found.append(type(env))
+        env = env.env
+    return found
+
+
 def _records_episodes(env: gym.Env) -> bool:
     """Whether a wrapper of ``env`` already records episodes (a second one would fail on its first episode)."""
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, gym.wrappers.RecordEpisodeStatistics):
-            return True
-        env = env.env
-    return False
+    return any(issubclass(t, gym.wrappers.RecordEpisodeStatistics) for t in wrapper_types(env))
 
 
 class FinishedEpisodes(gym.vector.VectorWrapper):

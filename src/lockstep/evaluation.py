@@ -232,10 +232,9 @@ class _Player:
         with torch.inference_mode():
             x = self.normalize(torch.as_tensor(batch, device=self.device))
             if self.model.state_size:
-                h = torch.as_tensor(self.state, device=self.device)
-                out, states = self.model.core(x[None], torch.zeros(1, 1, device=self.device), h)
-                head = self.model.actor(out[0])
-                self.state = states[0].cpu().numpy()
+                out, after = self.model.advance(x, torch.as_tensor(self.state, device=self.device))
+                head = self.model.actor(out)
+                self.state = after.cpu().numpy()
             else:
                 head, _ = self.model.features(x)
             action = head.argmax(-1) if self.discrete else head.reshape(-1, *self.model.action_shape)

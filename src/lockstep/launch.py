@@ -216,4 +216,6 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     if supervisor is not None:
         summary["actor_restarts"] = supervisor.restarts
         write_summary(run_dir / "summary.json", summary)
+    if ranks is not None:  # every rank finished its run: leave the process group together
+        ranks.close()
     return summary

@@ -211,10 +211,9 @@ class RecurrentPolicy(Policy):
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step: obs [B, *obs], noise [B, w], state [B, 2H] (already reset where episodes start)
         -> action [B, *act], log-prob [B], value [B], next state [B, 2H]."""
-        starts = torch.zeros(1, obs.shape[0], device=obs.device)
-        out, states = self.core(obs[None], starts, state)
-        action, logprob = self.sample_head(self.actor(out[0]), uniform)
-        return action, logprob, self.critic(out[0]).squeeze(-1), states[0]
+        out, after = self.advance(obs, state)
+        action, logprob = self.sample_head(self.actor(out), uniform)
+        return action, logprob, self.critic(out).squeeze(-1), after
 
     def evaluate_sequence(self, obs: torch.Tensor, action: torch.Tensor, starts: torch.Tensor, state: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -228,8 +227,8 @@ class RecurrentPolicy(Policy):
     def evaluate_step(self, obs: torch.Tensor, action: torch.Tensor, state: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of given actions: obs [B, *obs], actions [B, *act], state [B, 2H] -> log-prob [B], next state."""
-        out, states = self.core(obs[None], torch.zeros(1, obs.shape[0], device=obs.device), state)
-        return self.evaluate_head(self.actor(out[0]), action)[0], states[0]
+        out, after = self.advance(obs, state)
+        return self.evaluate_head(self.actor(out), action)[0], after
 
     def values_sequence(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor, cuts: Iterable[int] = ()
                         ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,8 +239,12 @@ class RecurrentPolicy(Policy):
 
     def value_after(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """V of observations [M, *obs] that follow states [M, 2H] (no reset): the bootstrap values."""
-        out, _ = self.core(obs[None], torch.zeros(1, obs.shape[0], device=obs.device), state)
-        return self.critic(out[0]).squeeze(-1)
+        return self.critic(self.advance(obs, state)[0]).squeeze(-1)
+
+    def advance(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step, no reset: obs [B, *obs], state [B, 2H] -> LSTM output [B, H], next state [B, 2H]."""
+        out, states = self.core(obs[None], torch.zeros(1, obs.shape[0], device=obs.device), state)
+        return out[0], states[0]
 
     def features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError("a recurrent policy needs its state: use sample_step / evaluate_sequence")

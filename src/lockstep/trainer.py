@@ -145,6 +145,13 @@ class Trainer:
         var = None if self.obs_rms is None else self.obs_rms.var
         return ObsNormalizer(mean, var, self.config.env.clip_obs, self.device)
 
+    def _apply_learning_rate(self) -> float:
+        """Set the optimizer's learning rate for the next update (``learning_rate``) and return it."""
+        lr = self.learning_rate()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
     def learning_rate(self) -> float:
         cfg = self.config.ppo
         if not cfg.anneal_lr:
@@ -180,9 +187,7 @@ class Trainer:
         with torch.no_grad():
             next_values, continues = bootstrap(batch, values, value_fn)
             advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
-        lr = self.learning_rate()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = self._apply_learning_rate()
         actions = as_t(batch.actions, torch.long if model.discrete else torch.float32)  # [T, N, *act]
         logprobs = as_t(batch.logprobs)  # [T, N]
         model.train()
@@ -204,9 +209,7 @@ class Trainer:
         start = time.perf_counter()
         if self.reward_scaler is not None:
             self._update_rms(self.reward_scaler.rms, np.zeros(0))
-        lr = self.learning_rate()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = self._apply_learning_rate()
         self.model.train()
         stats = ppo.optimize(self.model, self.optimizer, lambda idx: (), 0, device=self.device, **self._settings())
         if self.obs_rms is not None:

@@ -107,10 +107,14 @@ class SnapshotBackend:
     def leave(self, member: int) -> None:
         self.batcher.remove(member)
 
-    async def infer(self, member, obs, keys, counters, state=None):
+    def infer(self, member, obs, keys, counters, state=None):
         delay = self._jitter.seconds()
         if delay:
-            await asyncio.sleep(delay)
+            return self._infer_later(delay, member, obs, keys, counters, state)
+        return self.batcher.infer(obs, keys, counters, member=member, state=state)  # the batcher's own awaitable
+
+    async def _infer_later(self, delay, member, obs, keys, counters, state):
+        await asyncio.sleep(delay)
         return await self.batcher.infer(obs, keys, counters, member=member, state=state)
 
     def train(self, update):

@@ -281,6 +281,10 @@ class Batcher:
             state = layout.state
             if state.shape[1]:
                 np.concatenate([p.state for p, _ in placed], out=state)  # [R, S]
+            if layout.total <= layout.block_rows:  # one block: each request's rows are a slice of its outputs
+                actions, logprobs, values, after = snapshot.step(obs, uniform, state)
+                return {id(p): (actions[a:z], logprobs[a:z], values[a:z], None if after is None else after[a:z])
+                        for p, a, z in ((p, first, first + len(p.obs)) for p, first in placed)}, 1
             used = range(len(layout.blocks(0, layout.total)))
         else:  # the others' rows keep what they held: valid input whose results nobody takes
             obs, uniform_rows, uniform, state = layout.obs, uniform, layout.uniform, layout.state

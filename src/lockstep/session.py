@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import numpy as np
 
@@ -175,6 +174,7 @@ class Session:
         self._shapes = (spec.observation.shape, np.dtype(spec.observation.dtype),
                         spec.action.element_shape, spec.action.action_dtype)
         self._held: asyncio.Future | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     async def step(self, data: StepData) -> Reply | None:
@@ -227,24 +227,23 @@ class Session:
         # Key (step counter, actor id): the order a single process stepping every slot would see, whatever
         # order the messages arrive in. self.counter is the number of this actor's requests admitted so
         # far, so this message's episodes ended in the step with counter self.counter - 1.
-        sessions.episodes.add(data.episode_return, data.episode_length, sessions.counters.collected_steps,
-                              sessions.clock.wall_s, key=(self.counter, self.member))
+        if len(data.episode_return):
+            sessions.episodes.add(data.episode_return, data.episode_length, sessions.counters.collected_steps,
+                                  sessions.clock.wall_s, key=(self.counter, self.member))
 
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-
-        def release(admission: Admission) -> None:
-            loop.call_soon_threadsafe(_resolve, future, admission)
-
-        result = sessions.gate.request(self.member, release)
+        self._loop = asyncio.get_running_loop()  # where _release sends the admission
+        result = sessions.gate.request(self.member, self._release)
         if result.completed is not None:
             self.unroll.finish(data.obs)
             sessions.phases.add(result.completed, self.unroll)
             self.unroll, self.last_step = None, None
-        sessions.phases.close(result.closed)
+        if result.closed:
+            sessions.phases.close(result.closed)
         if result.admission is not None:
             return result.admission
-        self._held = future
+        # Held. The gate calls _release later, from whichever thread publishes; its call reaches the
+        # loop after this coroutine has yielded, so the future exists by then.
+        future = self._held = self._loop.create_future()
         try:
             admission = await future
         finally:
@@ -252,6 +251,14 @@ class Session:
         if admission is not None:
             sessions.releases.resumed(admission.version)
         return admission
+
+    def _release(self, admission: Admission) -> None:
+        """The gate admits the held request (any thread)."""
+        self._loop.call_soon_threadsafe(self._resume, admission)
+
+    def _resume(self, admission: Admission) -> None:
+        if self._held is not None and not self._held.done():
+            self._held.set_result(admission)
 
     def cancel_wait(self) -> None:
         """The session or the training ended while one of its requests was held: wake it so it can say why."""
@@ -270,7 +277,3 @@ class Session:
             self._closed = True
             self.sessions.disconnect(self)
 
-
-def _resolve(future: asyncio.Future, value: Any) -> None:
-    if not future.done():
-        future.set_result(value)

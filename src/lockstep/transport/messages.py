@@ -111,8 +111,29 @@ def check_step(data: StepData, num_envs: int, observation: SpaceSpec, sanitize: 
     observations, rewards and final observations are finite. With ``sanitize`` non-finite values
     are replaced instead (NaN by 0, infinities by the dtype's extremes) in the returned data.
     """
-    # Per message on the learner: dtypes compared as dtype objects and shapes as tuples, cheap in the common case.
+    # Per message on the learner, so the common case (every field as expected) is one comparison per
+    # field; anything else goes through the field-by-field checks that name the problem.
     k, obs_shape, obs_dtype = num_envs, observation.shape, np.dtype(observation.dtype)
+    final_index, flags = data.final_index, (k,)
+    if not (data.obs.dtype == obs_dtype and data.obs.shape == (k, *obs_shape)
+            and data.reward.dtype == _FLOAT32 and data.reward.shape == flags
+            and data.terminated.dtype == _BOOL and data.terminated.shape == flags
+            and data.truncated.dtype == _BOOL and data.truncated.shape == flags
+            and final_index.dtype == _INT64 and final_index.ndim == 1 and not len(final_index)
+            and data.final_obs.dtype == obs_dtype and data.final_obs.shape == (0, *obs_shape)
+            and data.episode_return.dtype == _FLOAT64 and data.episode_return.ndim == 1
+            and data.episode_length.dtype == _INT64 and data.episode_length.shape == data.episode_return.shape
+            and len(data.episode_return) <= k):
+        return _check_fields(data, k, obs_shape, obs_dtype, sanitize)
+    # A bool is one byte; a peer may send bytes other than 0 and 1, on which numpy's bool logic is undefined.
+    data.terminated, data.truncated = data.terminated.view(np.uint8) != 0, data.truncated.view(np.uint8) != 0
+    if data.truncated.any():  # no final observation came: right only if every truncated slot also terminated
+        _check_final_index(final_index, data.terminated, data.truncated)
+    return _check_finite(data, sanitize)
+
+
+def _check_fields(data: StepData, k: int, obs_shape: tuple, obs_dtype: np.dtype, sanitize: bool) -> StepData:
+    """``check_step`` field by field, for a step with final observations or anything unexpected."""
     _expect(data.obs, "step.observation", obs_dtype, (k, *obs_shape))
     _expect(data.reward, "step.reward", _FLOAT32, (k,))
     _expect(data.terminated, "step.terminated", _BOOL, (k,))
@@ -132,6 +153,11 @@ def check_step(data: StepData, num_envs: int, observation: SpaceSpec, sanitize: 
     if e > k:
         raise CodecError(f"step.episode_return: {e} finished episodes in one step of {k} env(s); an env finishes "
                          "at most one episode per step, so report each finished episode once")
+    return _check_finite(data, sanitize)
+
+
+def _check_finite(data: StepData, sanitize: bool) -> StepData:
+    """Refuse (or with ``sanitize`` replace) non-finite observations, rewards and final observations."""
     for name in ("obs", "reward", "final_obs"):
         value = getattr(data, name)
         if value.dtype.kind == "f" and value.size and not np.isfinite(value).all():

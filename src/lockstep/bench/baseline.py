@@ -5,7 +5,7 @@ learner uses, in the same order:
 
     the SAME Gymnasium vector env  (``envs.make_vector_env``, N = actors * envs_per_actor envs)
     the SAME policy forward        (``Trainer.snapshot().act`` with ``noise.uniform`` over
-                                    ``noise.slot_keys(seed, 0, N)`` and per-step counters)
+                                    each actor's ``noise.slot_keys`` and per-step counters)
     the SAME rollout store         (``rollout.Unroll`` + ``assemble``: ``record_action``,
                                     ``record_outcome`` of step t, truncated envs' final obs,
                                     ``finish`` with the observation after T steps)
@@ -13,7 +13,10 @@ learner uses, in the same order:
 
 The env loop is the actor's own (``actor.EnvLoop``): same-step autoreset, Box actions
 clipped before stepping (the unclipped action is what is trained on), and the last
-observation of each episode that ended by truncation only.
+observation of each episode that ended by truncation only. Its N slots are the actors'
+slots in actor order, with their noise keys and reset seeds, and a strict learner's forward
+pass has the same fixed shape: for the same config and seed the two learn the same curve
+(tested), so the comparison is of speed alone.
 
 Timing is measured like the learner's ``sps``: from the first env step to the end of
 the last update; env steps are trained transitions. ``time_split_s`` is a cheap
@@ -66,8 +69,10 @@ def run(config: config_lib.Config) -> dict[str, Any]:
         trainer = Trainer(config, spec, device, max_lag=0)
         episodes = EpisodeTracker(config.run.thresholds)
         loop = EnvLoop(vec, act_spec)  # the actor's own env loop
-        loop.reset(envs_lib.env_seeds(seed, 0, n))
-        keys = noise.slot_keys(seed, 0, n)
+        actors = range(config.env.actors)  # the learner's layout: actor a's k slots after actor a-1's
+        k = config.env.envs_per_actor
+        loop.reset([s for a in actors for s in envs_lib.env_seeds(seed, a, k)])
+        keys = np.concatenate([noise.slot_keys(seed, a, k) for a in actors])
         snapshot = trainer.snapshot()
         width = snapshot.model.noise_width
         limit, target = config.run.time_limit_s, config.run.stop_at_return

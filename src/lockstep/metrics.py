@@ -8,6 +8,7 @@ import io
 import json
 import math
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -181,19 +182,22 @@ class MetricsWriter:
             self._csv.writeheader()
         self._tb = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from tensorboard.compat.proto import event_pb2, summary_pb2
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir))
+            self._tb = EventFileWriter(str(run_dir))  # events.out.tfevents.*, written by a background thread
+            self._event, self._summary = event_pb2.Event, summary_pb2.Summary
 
     def write(self, row: dict[str, Any]) -> None:
         self._csv.writerow({k: _fmt(row.get(k)) for k in COLUMNS})
         self._file.flush()
         if self._tb is not None:
-            step = int(row["env_steps"])
-            for key in COLUMNS[3:]:
-                value = row.get(key)
-                if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
-                    self._tb.add_scalar(f"lockstep/{key}", value, step)
+            # One event per row with every scalar in it (TensorBoard reads each value as its own tag's
+            # point): a tenth of the cost of an event per scalar, and the row is on the training path.
+            values = [self._summary.Value(tag=f"lockstep/{key}", simple_value=float(value)) for key in COLUMNS[3:]
+                      if isinstance(value := row.get(key), (int, float)) and not math.isnan(value)]
+            self._tb.add_event(self._event(wall_time=time.time(), step=int(row["env_steps"]),
+                                           summary=self._summary(value=values)))
 
     def close(self) -> None:
         self._file.close()

@@ -81,6 +81,12 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in [
                     "ppo.epochs": 4, "ppo.minibatches": 4},
         MODES, steps_full=81_920, steps_quick=10_240),
     BenchConfig(
+        "cartpole-cleanrl-1x4", "cartpole-cleanrl with its 4 envs in one actor: the layout for in-process actors, "
+                                "which share the learner's thread (a request per actor and step is the cost)",
+        _CARTPOLE, {"env.actors": 1, "env.envs_per_actor": 4, "ppo.steps_per_env": 128, "ppo.lr": 2.5e-4,
+                    "ppo.epochs": 4, "ppo.minibatches": 4},
+        ("baseline", "strict"), steps_full=81_920, steps_quick=10_240),
+    BenchConfig(
         "cartpole-scaled", "CartPole-v1: 4 actors x 64 envs, T=32, 4 epochs x 4 minibatches, lr 1e-3",
         _CARTPOLE, {"env.actors": 4, "env.envs_per_actor": 64, "ppo.steps_per_env": 32, "ppo.lr": 1e-3,
                     "ppo.epochs": 4, "ppo.minibatches": 4},

@@ -31,22 +31,24 @@ from lockstep.transport.messages import space_to_proto, step_to_proto
 CARTPOLE = env_spec("CartPole-v1")
 
 
-def _policy(seed: int = 0) -> RecurrentPolicy:
+def _policy(seed: int = 0, critic_lstm: bool = False) -> RecurrentPolicy:
     torch.manual_seed(seed)
-    policy = build_policy(CARTPOLE.observation, CARTPOLE.action, ModelConfig(hidden=[16], lstm_size=8))
-    assert isinstance(policy, RecurrentPolicy) and policy.state_size == 16
+    policy = build_policy(CARTPOLE.observation, CARTPOLE.action,
+                          ModelConfig(hidden=[16], lstm_size=8, critic_lstm=critic_lstm))
+    assert isinstance(policy, RecurrentPolicy) and policy.state_size == (32 if critic_lstm else 16)
     return policy.eval().requires_grad_(False)
 
 
-def test_a_sequence_replays_the_single_steps_of_inference_with_resets():
-    policy = _policy()
+@pytest.mark.parametrize("critic_lstm", [False, True], ids=["shared-lstm", "critic-lstm"])
+def test_a_sequence_replays_the_single_steps_of_inference_with_resets(critic_lstm):
+    policy = _policy(critic_lstm=critic_lstm)
     T, B = 6, 3
     gen = torch.Generator().manual_seed(1)
     obs = torch.randn(T, B, 4, generator=gen)
     uniform = torch.rand(T, B, 2, generator=gen).clamp(1e-6, 1 - 1e-6)
     starts = torch.zeros(T, B, dtype=torch.bool)
     starts[2, 0] = starts[4, 2] = True
-    state = torch.randn(B, 16, generator=gen)
+    state = torch.randn(B, policy.state_size, generator=gen)
     initial = state.clone()
     actions, logprobs, values = [], [], []
     for t in range(T):  # what the learner does: reset where an episode starts, then one step
@@ -60,6 +62,30 @@ def test_a_sequence_replays_the_single_steps_of_inference_with_resets():
     wrong, _, _ = policy.evaluate_sequence(obs, torch.stack(actions), torch.zeros_like(starts), initial)
     assert not torch.allclose(wrong[2:, 0], logprob[2:, 0], atol=1e-4)
     torch.testing.assert_close(wrong[:, 1], logprob[:, 1], rtol=0, atol=1e-6)  # slot 1 never reset
+
+
+def test_with_a_critic_lstm_the_policy_loss_never_reaches_the_critics_memory_nor_the_value_loss_the_actors():
+    policy = _policy(critic_lstm=True).train().requires_grad_(True)
+    T, B = 5, 2
+    obs, starts = torch.randn(T, B, 4), torch.zeros(T, B, dtype=torch.bool)
+    actions = torch.randint(0, 2, (T, B))
+    logprob, _, value = policy.evaluate_sequence(obs, actions, starts, torch.randn(B, policy.state_size))
+    lstms = [*policy.lstm.actor.parameters(), *policy.lstm.critic.parameters()]  # 4 tensors each
+
+    def moved(loss: torch.Tensor) -> list[bool]:
+        grads = torch.autograd.grad(loss, lstms, retain_graph=True, allow_unused=True)
+        return [g is not None and bool(g.abs().sum() > 0) for g in grads]
+
+    assert moved(logprob.sum()) == [True] * 4 + [False] * 4  # the policy loss trains the actor's LSTM only
+    assert moved(value.sum()) == [False] * 4 + [True] * 4  # the value loss the critic's only
+    # the state's halves are the two LSTMs': changing the critic's half changes values, never log-probs
+    state = torch.randn(B, policy.state_size)
+    other = state.clone()
+    other[:, 8:16] += 1.0  # h of the critic's LSTM ([h_actor, h_critic, c_actor, c_critic], 8 units each)
+    a = policy.evaluate_sequence(obs, actions, starts, state)
+    b = policy.evaluate_sequence(obs, actions, starts, other)
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+    assert not torch.allclose(a[2], b[2])
 
 
 def test_the_mlp_torso_the_cnns_and_the_lstm_are_chosen_from_the_config():

@@ -73,6 +73,7 @@ class ModelConfig:
     activation: str = "tanh"  # the MLP's: tanh or relu
     init_log_std: float = 0.0  # Gaussian head only
     lstm_size: int = 0  # > 0: an LSTM of this size after the torso; the learner keeps each env slot's state
+    critic_lstm: bool = False  # with lstm_size: the critic gets its own LSTM beside the actor's (else they share one)
     # Your own network: "package.module:factory" or "path/to/file.py:factory", a callable
     # (observation SpaceSpec, action SpaceSpec, this ModelConfig) -> lockstep.Policy (docs/custom-policy.md)
     policy: str = ""
@@ -184,6 +185,8 @@ class Config:
             (self.model.lstm_size == 0 or self.sync.strategy in ("strict", "pipelined"),
              f"model.lstm_size > 0 needs sync.strategy strict or pipelined (snapshots keep the recurrent state "
              f"per slot); {self.sync.strategy!r} updates the model in place"),
+            (not self.model.critic_lstm or self.model.lstm_size > 0,
+             "model.critic_lstm gives the critic its own LSTM: it needs model.lstm_size > 0"),
             (self.model.activation in ("tanh", "relu"),
              f"model.activation must be tanh or relu, got {self.model.activation!r}"),
         ]

@@ -160,33 +160,63 @@ class TorsoActorCritic(Policy):
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
 
+class PairedLSTM(nn.Module):
+    """Two LSTMs of ``size`` over the same input, the actor's and the critic's, called like one ``nn.LSTM``
+    of twice the size: outputs [T, B, 2 * size] and states [1, B, 2 * size] are the actor's half, then
+    the critic's (sb3-contrib's ``enable_critic_lstm``: the value's memory does not steer the policy's)."""
+
+    def __init__(self, width: int, size: int) -> None:
+        super().__init__()
+        self.actor, self.critic = nn.LSTM(width, size), nn.LSTM(width, size)
+        self.size = size
+
+    def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        h, c = state  # [1, B, 2 * size] each
+        H = self.size
+        out_a, (h_a, c_a) = self.actor(x, (h[..., :H].contiguous(), c[..., :H].contiguous()))
+        out_c, (h_c, c_c) = self.critic(x, (h[..., H:].contiguous(), c[..., H:].contiguous()))
+        return torch.cat([out_a, out_c], -1), (torch.cat([h_a, h_c], -1), torch.cat([c_a, c_c], -1))
+
+
 class RecurrentPolicy(Policy):
     """A torso, an LSTM and linear heads; the LSTM's (h, c) is the state the learner keeps per env slot.
 
-    The state of B slots travels as one float32 array [B, 2 * size] (h, then c). A slot's state is
-    reset to zeros where its episode starts; ``starts`` [T, B] marks those steps in a sequence.
+    The state of B slots travels as one float32 array [B, 2 * W] (h, then c), W being the LSTM's
+    width: ``size``, or 2 * ``size`` with ``critic_lstm`` (a ``PairedLSTM``: the critic's own LSTM
+    beside the actor's). A slot's state is reset to zeros where its episode starts; ``starts`` [T, B]
+    marks those steps in a sequence.
     """
 
-    def __init__(self, torso: nn.Module, width: int, size: int, action: SpaceSpec, init_log_std: float = 0.0) -> None:
+    def __init__(self, torso: nn.Module, width: int, size: int, action: SpaceSpec, init_log_std: float = 0.0,
+                 critic_lstm: bool = False) -> None:
         super().__init__(action, init_log_std)
         self.torso = torso
-        self.lstm = nn.LSTM(width, size)
+        self.lstm = PairedLSTM(width, size) if critic_lstm else nn.LSTM(width, size)
         for name, param in self.lstm.named_parameters():
             if "bias" in name:
                 nn.init.zeros_(param)
             else:
                 nn.init.orthogonal_(param, 1.0)
-        self.size = size
-        self.state_size = 2 * size
+        self.critic_lstm = critic_lstm
+        self.size = 2 * size if critic_lstm else size  # W
+        self.state_size = 2 * self.size
         self.actor = layer(size, self.action_dim, 0.01)
         self.critic = layer(size, 1, 1.0)
+
+    def _policy_in(self, out: torch.Tensor) -> torch.Tensor:
+        """The actor head's input: the LSTM output [..., W], or its actor half with ``critic_lstm``."""
+        return out[..., : self.size // 2] if self.critic_lstm else out
+
+    def _value_in(self, out: torch.Tensor) -> torch.Tensor:
+        return out[..., self.size // 2:] if self.critic_lstm else out
 
     def initial_state(self, slots: int) -> np.ndarray:
         return np.zeros((slots, self.state_size), np.float32)
 
     def core(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor,
              cuts: Iterable[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs [T, B, *obs], starts [T, B], state [B, 2H] -> LSTM outputs [T, B, H], states after steps [T, B, 2H].
+        """obs [T, B, *obs], starts [T, B], state [B, 2W] -> LSTM outputs [T, B, W], states after steps [T, B, 2W].
 
         The sequence runs in segments, one ``nn.LSTM`` call each (a Python loop over single steps
         is several times slower): a segment ends before every step where some slot's episode starts,
@@ -196,7 +226,7 @@ class RecurrentPolicy(Policy):
         """
         T, B = starts.shape
         x = self.torso(obs.reshape(T * B, *obs.shape[2:])).reshape(T, B, -1)  # [T, B, width]
-        h, c = state[None, :, : self.size], state[None, :, self.size:]  # [1, B, H] each
+        h, c = state[None, :, : self.size], state[None, :, self.size:]  # [1, B, W] each
         bounds = sorted({0, T} | {int(t) for t in starts.any(1).nonzero().flatten()} | {t for t in cuts if 0 < t < T})
         outputs = []
         states = torch.full((T, B, self.state_size), float("nan"), device=x.device)
@@ -209,40 +239,41 @@ class RecurrentPolicy(Policy):
 
     def sample_step(self, obs: torch.Tensor, uniform: torch.Tensor, state: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One step: obs [B, *obs], noise [B, w], state [B, 2H] (already reset where episodes start)
-        -> action [B, *act], log-prob [B], value [B], next state [B, 2H]."""
+        """One step: obs [B, *obs], noise [B, w], state [B, 2W] (already reset where episodes start)
+        -> action [B, *act], log-prob [B], value [B], next state [B, 2W]."""
         out, after = self.advance(obs, state)
-        action, logprob = self.sample_head(self.actor(out), uniform)
-        return action, logprob, self.critic(out).squeeze(-1), after
+        action, logprob = self.sample_head(self.actor(self._policy_in(out)), uniform)
+        return action, logprob, self.critic(self._value_in(out)).squeeze(-1), after
 
     def evaluate_sequence(self, obs: torch.Tensor, action: torch.Tensor, starts: torch.Tensor, state: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """obs [T, B, *obs], actions [T, B, *act], starts [T, B], state [B, 2H] -> log-prob, entropy, value [T, B]."""
+        """obs [T, B, *obs], actions [T, B, *act], starts [T, B], state [B, 2W] -> log-prob, entropy, value [T, B]."""
         T, B = starts.shape
         out, _ = self.core(obs, starts, state)
         flat = out.reshape(T * B, -1)
-        logprob, entropy = self.evaluate_head(self.actor(flat), action.reshape(T * B, *action.shape[2:]))
-        return logprob.reshape(T, B), entropy.reshape(T, B), self.critic(flat).reshape(T, B)
+        actions = action.reshape(T * B, *action.shape[2:])
+        logprob, entropy = self.evaluate_head(self.actor(self._policy_in(flat)), actions)
+        return logprob.reshape(T, B), entropy.reshape(T, B), self.critic(self._value_in(flat)).reshape(T, B)
 
     def evaluate_step(self, obs: torch.Tensor, action: torch.Tensor, state: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step of given actions: obs [B, *obs], actions [B, *act], state [B, 2H] -> log-prob [B], next state."""
+        """One step of given actions: obs [B, *obs], actions [B, *act], state [B, 2W] -> log-prob [B], next state."""
         out, after = self.advance(obs, state)
-        return self.evaluate_head(self.actor(out), action)[0], after
+        return self.evaluate_head(self.actor(self._policy_in(out)), action)[0], after
 
     def values_sequence(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor, cuts: Iterable[int] = ()
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs [T, B, *obs], starts [T, B], state [B, 2H] -> values [T, B], states [T, B, 2H] after the steps
+        """obs [T, B, *obs], starts [T, B], state [B, 2W] -> values [T, B], states [T, B, 2W] after the steps
         that end a segment (``core``): the last step, each step before an episode start or a step in ``cuts``."""
         out, states = self.core(obs, starts, state, cuts)
-        return self.critic(out).squeeze(-1), states
+        return self.critic(self._value_in(out)).squeeze(-1), states
 
     def value_after(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """V of observations [M, *obs] that follow states [M, 2H] (no reset): the bootstrap values."""
-        return self.critic(self.advance(obs, state)[0]).squeeze(-1)
+        """V of observations [M, *obs] that follow states [M, 2W] (no reset): the bootstrap values."""
+        return self.critic(self._value_in(self.advance(obs, state)[0])).squeeze(-1)
 
     def advance(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step, no reset: obs [B, *obs], state [B, 2H] -> LSTM output [B, H], next state [B, 2H]."""
+        """One step, no reset: obs [B, *obs], state [B, 2W] -> LSTM output [B, W], next state [B, 2W]."""
         out, states = self.core(obs[None], torch.zeros(1, obs.shape[0], device=obs.device), state)
         return out[0], states[0]
 
@@ -281,7 +312,7 @@ def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) 
     else:
         raise ValueError(f"unknown model.kind {kind!r}; kinds: {', '.join(MODEL_KINDS)}")
     if model.lstm_size > 0:
-        return RecurrentPolicy(torso, width, model.lstm_size, action, model.init_log_std)
+        return RecurrentPolicy(torso, width, model.lstm_size, action, model.init_log_std, model.critic_lstm)
     return TorsoActorCritic(torso, width, action, model.init_log_std)
 
 

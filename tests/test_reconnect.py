@@ -18,17 +18,13 @@ import grpc
 import numpy as np
 import pytest
 from conftest import lockstep_cmd
+from protocol import empty_step, hello
 
 from lockstep import config as config_lib
-from lockstep.envs import env_spec
 from lockstep.learner import Learner
-from lockstep.transport import PROTOCOL
-from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.client import Connection
-from lockstep.transport.messages import space_to_proto, step_to_proto
 
 pytestmark = pytest.mark.slow
-CARTPOLE = env_spec("CartPole-v1")
 
 
 class CuttingProxy:
@@ -116,31 +112,19 @@ def test_actor_that_reconnects_before_the_learner_noticed_replaces_its_old_sessi
     assert counters.transitions_collected == learner.trainer.env_steps + counters.dropped_transitions
 
 
-def _hello(actor_id: int, run_id: str) -> pb.Hello:
-    return pb.Hello(protocol=PROTOCOL, actor_id=actor_id, run_id=run_id, num_envs=2, env_id="CartPole-v1",
-                    observation_space=space_to_proto(CARTPOLE.observation),
-                    action_space=space_to_proto(CARTPOLE.action))
-
-
-def _step() -> pb.Step:
-    return step_to_proto(np.zeros((2, 4), np.float32), np.zeros(2, np.float32), np.zeros(2, bool),
-                         np.zeros(2, bool), np.zeros(0, np.int64), np.zeros((0, 4), np.float32),
-                         np.zeros(0, np.float64), np.zeros(0, np.int64))
-
-
 def test_the_replaced_connection_is_refused_by_name_and_its_unroll_dropped(tmp_path):
     learner, thread, port = _learner(tmp_path, total_steps=10**9)
     address = f"127.0.0.1:{port}"
     try:
-        old = Connection(address, _hello(5, uuid.uuid4().hex), connect_timeout=10)
+        old = Connection(address, hello(actor_id=5, run_id=uuid.uuid4().hex), connect_timeout=10)
         for _ in range(3):
-            old.step(_step(), np.int64, ())
+            old.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
         new_run = uuid.uuid4().hex
-        new = Connection(address, _hello(5, new_run), connect_timeout=10)
-        _, version = new.step(_step(), np.int64, ())
+        new = Connection(address, hello(actor_id=5, run_id=new_run), connect_timeout=10)
+        _, version = new.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
         assert version == 0
         with pytest.raises(grpc.RpcError) as err:
-            old.step(_step(), np.int64, ())
+            old.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "replaced" in err.value.details() and new_run in err.value.details()
         assert learner.report.counters.dropped_transitions == 3 * 2

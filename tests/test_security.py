@@ -12,38 +12,25 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import grpc
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from protocol import empty_step, hello
 
 from lockstep import config as config_lib
 from lockstep.envs import SpaceSpec, env_spec
 from lockstep.learner import Learner
-from lockstep.transport import METHOD, PROTOCOL
+from lockstep.transport import METHOD
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.client import Connection
 from lockstep.transport.codec import CodecError
-from lockstep.transport.messages import space_to_proto, step_from_proto, step_to_proto
+from lockstep.transport.messages import step_from_proto
 from lockstep.transport.security import SecurityError, check_listen
 
 CARTPOLE = env_spec("CartPole-v1")
-
-
-def _hello(actor_id: int = 0, num_envs: int = 2, action: SpaceSpec | None = None, run_id: str = "") -> pb.Hello:
-    return pb.Hello(protocol=PROTOCOL, actor_id=actor_id, run_id=run_id or uuid.uuid4().hex, num_envs=num_envs,
-                    env_id="CartPole-v1", observation_space=space_to_proto(CARTPOLE.observation),
-                    action_space=space_to_proto(action or CARTPOLE.action))
-
-
-def _step(obs: np.ndarray, reward: np.ndarray | None = None) -> pb.Step:
-    k = len(obs)
-    reward = np.zeros(k, np.float32) if reward is None else reward
-    return step_to_proto(obs, reward, np.zeros(k, bool), np.zeros(k, bool), np.zeros(0, np.int64),
-                         np.zeros((0, *obs.shape[1:]), obs.dtype), np.zeros(0, np.float64), np.zeros(0, np.int64))
 
 
 class RunningLearner:
@@ -91,8 +78,8 @@ def _raw_call(address: str, payloads: list[bytes], metadata=()):
     return None
 
 
-def _rogue(address: str, *steps: pb.Step, hello: pb.Hello | None = None) -> grpc.RpcError:
-    conn = Connection(address, hello or _hello(actor_id=99), connect_timeout=10)
+def _rogue(address: str, *steps: pb.Step, greeting: pb.Hello | None = None) -> grpc.RpcError:
+    conn = Connection(address, greeting or hello(actor_id=99), connect_timeout=10)
     try:
         for step in steps:
             conn.step(step, np.int64, ())
@@ -113,8 +100,8 @@ def test_garbage_bytes_first_are_refused_as_not_a_hello(learner):
 
 
 def test_garbage_bytes_after_hello_are_invalid_argument(learner):
-    hello = pb.ActorMessage(hello=_hello(actor_id=98)).SerializeToString()
-    err = _raw_call(learner.address, [hello, b"\x0a\xff\xff\xff\xff\xff\xff"])
+    first = pb.ActorMessage(hello=hello(actor_id=98)).SerializeToString()
+    err = _raw_call(learner.address, [first, b"\x0a\xff\xff\xff\xff\xff\xff"])
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid ActorMessage protobuf" in err.details()
 
@@ -122,48 +109,49 @@ def test_garbage_bytes_after_hello_are_invalid_argument(learner):
 def test_nan_observation_is_refused_by_default(learner):
     obs = np.zeros((2, 4), np.float32)
     obs[1, 2] = np.nan
-    err = _rogue(learner.address, _step(obs))
+    err = _rogue(learner.address, empty_step(obs))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "step.observation" in err.details() and "non-finite" in err.details()
 
 
 def test_infinite_reward_is_refused(learner):
     obs = np.zeros((2, 4), np.float32)
-    err = _rogue(learner.address, _step(obs), _step(obs, np.array([0.0, np.inf], np.float32)))
+    err = _rogue(learner.address, empty_step(obs), empty_step(obs, np.array([0.0, np.inf], np.float32)))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "step.reward" in err.details()
 
 
 def test_sanitize_replaces_non_finite_values_instead():
     obs = np.array([[np.nan, np.inf, -np.inf, 1.0]], np.float32)
-    data = step_from_proto(_step(obs), 1, CARTPOLE.observation, sanitize=True)
+    data = step_from_proto(empty_step(obs), 1, CARTPOLE.observation, sanitize=True)
     assert np.isfinite(data.obs).all() and data.obs[0, 0] == 0 and data.obs[0, 3] == 1.0
 
 
 def test_wrong_dtype_and_wrong_number_of_envs_are_named(learner):
-    err = _rogue(learner.address, _step(np.zeros((2, 4), np.float64)))
+    err = _rogue(learner.address, empty_step(np.zeros((2, 4), np.float64)))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "dtype float64" in err.details()
-    err = _rogue(learner.address, _step(np.zeros((3, 4), np.float32)), hello=_hello(actor_id=97, num_envs=2))
+    err = _rogue(learner.address, empty_step(np.zeros((3, 4), np.float32)),
+                 greeting=hello(actor_id=97, num_envs=2))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "(3, 4)" in err.details()
 
 
 def test_a_retired_run_id_cannot_rejoin(learner):
-    first = Connection(learner.address, _hello(actor_id=94, run_id="rogue-94"), connect_timeout=10)
-    first.step(_step(np.zeros((2, 4), np.float32)), np.int64, ())
+    first = Connection(learner.address, hello(actor_id=94, run_id="rogue-94"), connect_timeout=10)
+    first.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
     first.close()
     deadline = time.monotonic() + 10
     while 94 in learner.learner.sessions.actor_ids and time.monotonic() < deadline:
         time.sleep(0.05)
     with pytest.raises(grpc.RpcError) as err:
-        Connection(learner.address, _hello(actor_id=94, run_id="rogue-94"), connect_timeout=10)
+        Connection(learner.address, hello(actor_id=94, run_id="rogue-94"), connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "rogue-94" in err.value.details() and "new run id" in err.value.details()
-    Connection(learner.address, _hello(actor_id=94, run_id="rogue-94-restarted"), connect_timeout=10).close()
+    Connection(learner.address, hello(actor_id=94, run_id="rogue-94-restarted"), connect_timeout=10).close()
 
 
 def test_action_space_mismatch_at_hello_is_refused(learner):
     with pytest.raises(grpc.RpcError) as err:
-        Connection(learner.address, _hello(actor_id=96, action=SpaceSpec("discrete", (), "int64", n=5)),
+        Connection(learner.address, hello(actor_id=96, action=SpaceSpec("discrete", (), "int64", n=5)),
                    connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "action space" in err.value.details()
 
@@ -171,7 +159,7 @@ def test_action_space_mismatch_at_hello_is_refused(learner):
 def test_oversized_message_is_resource_exhausted(tmp_path):
     running = RunningLearner(tmp_path, max_message_mb=1)
     try:
-        big = pb.ActorMessage(hello=_hello(actor_id=95))
+        big = pb.ActorMessage(hello=hello(actor_id=95))
         big.hello.env_id = "x" * (2 * 1024 * 1024)
         err = _raw_call(running.address, [big.SerializeToString()])
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -194,12 +182,12 @@ def test_rogue_inputs_do_not_stop_a_well_behaved_actor_from_training(tmp_path):
         nan[0, 0] = np.nan
         codes = [
             _raw_call(running.address, [b"garbage"]).code(),
-            _rogue(running.address, _step(nan)).code(),
-            _rogue(running.address, _step(np.zeros((2, 5), np.float32))).code(),
+            _rogue(running.address, empty_step(nan)).code(),
+            _rogue(running.address, empty_step(np.zeros((2, 5), np.float32))).code(),
         ]
-        rogue = Connection(running.address, _hello(actor_id=9, run_id="rogue-9"), connect_timeout=10)
+        rogue = Connection(running.address, hello(actor_id=9, run_id="rogue-9"), connect_timeout=10)
         with pytest.raises(grpc.RpcError) as duplicate:  # the same run id on a second stream
-            Connection(running.address, _hello(actor_id=9, run_id="rogue-9"), connect_timeout=10)
+            Connection(running.address, hello(actor_id=9, run_id="rogue-9"), connect_timeout=10)
         rogue.close()
         codes.append(duplicate.value.code())
         assert codes == [grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
@@ -275,11 +263,11 @@ def test_clients_without_or_with_a_wrong_token_are_unauthenticated(tmp_path):
     try:
         for token, message in ((None, "requires a token"), ("wrong", "wrong token")):
             with pytest.raises(grpc.RpcError) as err:
-                Connection(running.address, _hello(actor_id=1), connect_timeout=10, token=token)
+                Connection(running.address, hello(actor_id=1), connect_timeout=10, token=token)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert message in err.value.details()
-        conn = Connection(running.address, _hello(actor_id=2), connect_timeout=10, token="s3cret")
-        actions, version = conn.step(_step(np.zeros((2, 4), np.float32)), np.int64, ())
+        conn = Connection(running.address, hello(actor_id=2), connect_timeout=10, token="s3cret")
+        actions, version = conn.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
         assert actions.shape == (2,) and version == 0
         conn.close()
     finally:
@@ -294,11 +282,11 @@ def test_tls_with_a_token_works_and_a_plaintext_client_is_refused(tmp_path):
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     running = RunningLearner(tmp_path, token="s3cret", tls_cert=str(cert), tls_key=str(key))
     try:
-        conn = Connection(running.address, _hello(actor_id=1), connect_timeout=10, token="s3cret", tls_ca=str(cert))
-        actions, _ = conn.step(_step(np.zeros((2, 4), np.float32)), np.int64, ())
+        conn = Connection(running.address, hello(actor_id=1), connect_timeout=10, token="s3cret", tls_ca=str(cert))
+        actions, _ = conn.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
         assert actions.shape == (2,)
         conn.close()
         with pytest.raises((grpc.RpcError, ConnectionError)):
-            Connection(running.address, _hello(actor_id=2), connect_timeout=3, token="s3cret")
+            Connection(running.address, hello(actor_id=2), connect_timeout=3, token="s3cret")
     finally:
         running.close()

@@ -19,15 +19,16 @@ import uuid
 import numpy as np
 import pytest
 from conftest import lockstep_cmd
+from protocol import hello
 
 from lockstep import config as config_lib
-from lockstep.envs import SpaceSpec, env_spec
+from lockstep.envs import env_spec
 from lockstep.learner import Learner
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport import shm_layout as wire
 from lockstep.transport.client import LearnerClosed, LearnerRefused
-from lockstep.transport.messages import space_to_proto
+from lockstep.transport.messages import StepData
 from lockstep.transport.shm_client import LocalConnection
 
 CARTPOLE = env_spec("CartPole-v1")
@@ -66,28 +67,20 @@ def learner(tmp_path):
     running.close()
 
 
-def _hello(actor_id: int = 0, num_envs: int = 2, run_id: str = "", protocol: int = PROTOCOL,
-           observation: SpaceSpec | None = None) -> pb.Hello:
-    return pb.Hello(protocol=protocol, actor_id=actor_id, run_id=run_id or uuid.uuid4().hex, num_envs=num_envs,
-                    env_id="CartPole-v1", observation_space=space_to_proto(observation or CARTPOLE.observation),
-                    action_space=space_to_proto(CARTPOLE.action))
-
-
 class _Steps:
-    """A step with nothing finished: what ``LocalConnection.act`` reads (the actor's ``EnvLoop`` fields)."""
+    """Steps with nothing finished and random observations, as ``LocalConnection.act`` takes them (``StepData``,
+    what the actor's ``EnvLoop.outcome()`` returns)."""
 
     def __init__(self, num_envs: int, seed: int = 0) -> None:
         self.rng = np.random.default_rng(seed)
-        k = num_envs
-        self.obs = np.zeros((k, 4), np.float32)
-        self.reward, self.terminated, self.truncated = np.zeros(k, np.float32), np.zeros(k, bool), np.zeros(k, bool)
-        self.final_index, self.final_obs = np.zeros(0, np.int64), np.zeros((0, 4), np.float32)
-        self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
-        self.dtype, self.shape = np.dtype(np.int64), ()
+        self.k = num_envs
 
-    def next(self) -> _Steps:
-        self.obs = self.rng.standard_normal(self.obs.shape).astype(np.float32)
-        return self
+    def next(self) -> StepData:
+        k = self.k
+        return StepData(obs=self.rng.standard_normal((k, 4)).astype(np.float32), reward=np.zeros(k, np.float32),
+                        terminated=np.zeros(k, bool), truncated=np.zeros(k, bool),
+                        final_index=np.zeros(0, np.int64), final_obs=np.zeros((0, 4), np.float32),
+                        episode_return=np.zeros(0, np.float64), episode_length=np.zeros(0, np.int64))
 
 
 # -- a raw client: frames by hand ---------------------------------------------------------------
@@ -131,7 +124,7 @@ def _refusal(sock: socket.socket) -> tuple[str, str]:
 def _step_refused(path: str, write, m: int = 0, e: int = 0, frame: bytes | None = None) -> tuple[str, str]:
     """A client that says a good hello, writes a step with ``write(region)`` and sends its frame."""
     sock = _raw(path)
-    region = _welcomed(sock, _hello(actor_id=next(_ROGUE_IDS)))
+    region = _welcomed(sock, hello(actor_id=next(_ROGUE_IDS)))
     write(region)
     sock.send(frame if frame is not None else wire.STEP.pack(wire.STEP_KIND, m, e))
     region.close()
@@ -168,7 +161,7 @@ def test_the_socket_and_its_folder_are_owner_only_and_removed_when_the_learner_s
 def test_actions_are_stamped_with_the_policy_version_and_training_over_closes(learner):
     """Strict: every step of phase v is answered by version v, as over gRPC (tests/test_transport.py)."""
     phases = 3
-    conn = LocalConnection(learner.address, _hello(num_envs=3), connect_timeout=10)
+    conn = LocalConnection(learner.address, hello(num_envs=3), connect_timeout=10)
     steps, stamps = _Steps(3), []
     try:
         assert conn.welcome.learner_run == "run"
@@ -186,12 +179,12 @@ def test_actions_are_stamped_with_the_policy_version_and_training_over_closes(le
 
 
 def test_a_replaced_connection_is_refused_by_name(learner):
-    old = LocalConnection(learner.address, _hello(actor_id=5), connect_timeout=10)
+    old = LocalConnection(learner.address, hello(actor_id=5), connect_timeout=10)
     steps = _Steps(2)
     for _ in range(3):
         old.act(steps.next())
     new_run = uuid.uuid4().hex
-    new = LocalConnection(learner.address, _hello(actor_id=5, run_id=new_run), connect_timeout=10)
+    new = LocalConnection(learner.address, hello(actor_id=5, run_id=new_run), connect_timeout=10)
     assert new.act(steps.next())[1] == 0
     with pytest.raises(LearnerRefused) as err:
         old.act(steps.next())
@@ -206,7 +199,7 @@ def test_an_actor_that_goes_away_while_its_request_is_held_leaves_at_once(tmp_pa
     running = RunningLearner(tmp_path, min_actors=2)
     try:
         sock = _raw(running.path)
-        region = _welcomed(sock, _hello(actor_id=3))
+        region = _welcomed(sock, hello(actor_id=3))
         sock.send(wire.STEP.pack(wire.STEP_KIND, 0, 0))
         deadline = time.monotonic() + 10
         while running.learner.sessions.actor_ids != [3] and time.monotonic() < deadline:
@@ -241,10 +234,10 @@ def test_hostile_local_clients_are_refused_by_name_while_a_good_actor_trains(tmp
         sock.send(b"garbage")
         refusals.append(_refusal(sock))
         sock = _raw(running.path)
-        _send_hello(sock, _hello(actor_id=91, protocol=PROTOCOL + 1))
+        _send_hello(sock, hello(actor_id=91, protocol=PROTOCOL + 1))
         refusals.append(_refusal(sock))
         sock = _raw(running.path)
-        _send_hello(sock, _hello(actor_id=92, observation=env_spec("Acrobot-v1").observation))
+        _send_hello(sock, hello(actor_id=92, observation=env_spec("Acrobot-v1").observation))
         refusals.append(_refusal(sock))
         refusals.append(_step_refused(running.path, lambda region: None, frame=b"\x00" * 5))
         refusals.append(_step_refused(running.path, lambda region: None, frame=wire.REPLY.pack(wire.ACTION, 0)))
@@ -294,7 +287,7 @@ def test_a_region_larger_than_the_message_limit_is_refused_before_the_actor_join
     running = RunningLearner(tmp_path, max_message_mb=1)
     try:
         sock = _raw(running.path)
-        _send_hello(sock, _hello(actor_id=4, num_envs=100_000))  # 100k envs x 2 x 16-byte observations > 1 MB
+        _send_hello(sock, hello(actor_id=4, num_envs=100_000))  # 100k envs x 2 x 16-byte observations > 1 MB
         code, message = _refusal(sock)
         assert code == "INVALID_ARGUMENT" and "bytes of shared memory" in message and "max_message_mb" in message
         assert running.learner.sessions.actor_ids == []
@@ -303,17 +296,17 @@ def test_a_region_larger_than_the_message_limit_is_refused_before_the_actor_join
 
 
 def test_an_actor_with_the_wrong_array_is_stopped_before_it_writes_to_shared_memory(learner):
-    conn = LocalConnection(learner.address, _hello(num_envs=2), connect_timeout=10)
-    steps = _Steps(2)
-    steps.obs = np.zeros((2, 4), np.float64)
+    conn = LocalConnection(learner.address, hello(num_envs=2), connect_timeout=10)
+    step = _Steps(2).next()
+    step.obs = np.zeros((2, 4), np.float64)
     with pytest.raises(LearnerRefused, match="step.observation: float64"):
-        conn.act(steps)
+        conn.act(step)
     conn.close()
 
 
 def test_no_learner_at_the_address_is_a_connection_error(tmp_path):
     with pytest.raises(ConnectionError, match="no learner at unix:"):
-        LocalConnection(f"unix:{tmp_path}/absent.sock", _hello(), connect_timeout=2)
+        LocalConnection(f"unix:{tmp_path}/absent.sock", hello(), connect_timeout=2)
 
 
 def test_socket_folders_of_learners_that_are_gone_are_removed_and_live_ones_kept(tmp_path, monkeypatch):

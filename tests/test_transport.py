@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import lockstep_cmd
+from protocol import empty_step, hello
 
 from lockstep import config as config_lib
 from lockstep.envs import SpaceSpec, env_spec
@@ -23,7 +24,6 @@ from lockstep.transport import METHOD, PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.client import Connection
 from lockstep.transport.generate import PROTO, generate
-from lockstep.transport.messages import space_to_proto, step_to_proto
 
 
 def test_committed_generated_module_matches_the_proto(tmp_path):
@@ -54,24 +54,10 @@ def learner(tmp_path):
     assert not thread.is_alive()
 
 
-def _hello(env_id: str = "CartPole-v1", actor_id: int = 0, num_envs: int = 2, **spaces) -> pb.Hello:
-    spec = env_spec(env_id)
-    return pb.Hello(protocol=PROTOCOL, actor_id=actor_id, run_id="test", num_envs=num_envs, env_id=env_id,
-                    observation_space=space_to_proto(spaces.get("observation", spec.observation)),
-                    action_space=space_to_proto(spaces.get("action", spec.action)))
-
-
-def _step(obs: np.ndarray) -> pb.Step:
-    k = len(obs)
-    return step_to_proto(obs, np.zeros(k, np.float32), np.zeros(k, bool), np.zeros(k, bool),
-                         np.zeros(0, np.int64), np.zeros((0, *obs.shape[1:]), obs.dtype),
-                         np.zeros(0, np.float64), np.zeros(0, np.int64))
-
-
 def test_actor_with_a_different_observation_space_is_refused_with_the_mismatch_named(learner):
     acrobot = env_spec("Acrobot-v1")
     with pytest.raises(grpc.RpcError) as err:
-        Connection(f"127.0.0.1:{learner.port}", _hello(observation=acrobot.observation), connect_timeout=10)
+        Connection(f"127.0.0.1:{learner.port}", hello(observation=acrobot.observation), connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "observation space" in err.value.details()
     assert "(6,)" in err.value.details() and "(4,)" in err.value.details()
@@ -79,17 +65,15 @@ def test_actor_with_a_different_observation_space_is_refused_with_the_mismatch_n
 
 
 def test_actor_speaking_another_protocol_version_is_refused_by_name(learner):
-    hello = _hello()
-    hello.protocol = PROTOCOL + 1
     with pytest.raises(grpc.RpcError) as err:
-        Connection(f"127.0.0.1:{learner.port}", hello, connect_timeout=10)
+        Connection(f"127.0.0.1:{learner.port}", hello(protocol=PROTOCOL + 1), connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"actor speaks protocol {PROTOCOL + 1}, the learner {PROTOCOL}" in err.value.details()
 
 
 def test_actor_with_a_different_action_space_is_refused(learner):
     with pytest.raises(grpc.RpcError) as err:
-        Connection(f"127.0.0.1:{learner.port}", _hello(action=SpaceSpec("discrete", (), "int64", n=3)),
+        Connection(f"127.0.0.1:{learner.port}", hello(action=SpaceSpec("discrete", (), "int64", n=3)),
                    connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "action space Discrete(3) does not match Discrete(2)" in err.value.details()
@@ -99,7 +83,7 @@ def test_first_message_must_be_a_hello(learner):
     channel = grpc.insecure_channel(f"127.0.0.1:{learner.port}")
     call = channel.stream_stream(METHOD, request_serializer=pb.ActorMessage.SerializeToString,
                                  response_deserializer=pb.LearnerMessage.FromString)
-    responses = call(iter([pb.ActorMessage(step=_step(np.zeros((2, 4), np.float32)))]))
+    responses = call(iter([pb.ActorMessage(step=empty_step(np.zeros((2, 4), np.float32)))]))
     with pytest.raises(grpc.RpcError) as err:
         next(responses)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -108,9 +92,9 @@ def test_first_message_must_be_a_hello(learner):
 
 
 def test_wrong_observation_shape_in_a_step_is_rejected_by_name(learner):
-    conn = Connection(f"127.0.0.1:{learner.port}", _hello(), connect_timeout=10)
+    conn = Connection(f"127.0.0.1:{learner.port}", hello(), connect_timeout=10)
     with pytest.raises(grpc.RpcError) as err:
-        conn.step(_step(np.zeros((2, 5), np.float32)), np.int64, ())
+        conn.step(empty_step(np.zeros((2, 5), np.float32)), np.int64, ())
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "step.observation" in err.value.details() and "(2, 5)" in err.value.details()
     conn.close()
@@ -118,9 +102,9 @@ def test_wrong_observation_shape_in_a_step_is_rejected_by_name(learner):
 
 def test_the_same_run_id_on_a_second_connection_is_refused_while_the_first_is_connected(learner):
     """A new run id would replace the first connection (tests/test_reconnect.py); the same one is a duplicate."""
-    first = Connection(f"127.0.0.1:{learner.port}", _hello(actor_id=7), connect_timeout=10)
+    first = Connection(f"127.0.0.1:{learner.port}", hello(actor_id=7, run_id="test"), connect_timeout=10)
     with pytest.raises(grpc.RpcError) as err:
-        Connection(f"127.0.0.1:{learner.port}", _hello(actor_id=7), connect_timeout=10)
+        Connection(f"127.0.0.1:{learner.port}", hello(actor_id=7, run_id="test"), connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert "actor id 7" in err.value.details() and "run id test" in err.value.details()
     first.close()
@@ -130,12 +114,12 @@ def test_actions_are_stamped_with_the_policy_version(learner):
     """Strict: every step of phase v is answered by version v, and each phase's training publishes v + 1."""
     T, phases = _learner_config().ppo.steps_per_env, 3
     rng = np.random.default_rng(0)
-    conn = Connection(f"127.0.0.1:{learner.port}", _hello(num_envs=3), connect_timeout=10)
+    conn = Connection(f"127.0.0.1:{learner.port}", hello(num_envs=3), connect_timeout=10)
     stamps = []
     try:
         # The last request completes phase phases - 1; it is answered once version `phases` is published.
         for _ in range(phases * T + 1):
-            actions, version = conn.step(_step(rng.standard_normal((3, 4)).astype(np.float32)), np.int64, ())
+            actions, version = conn.step(empty_step(rng.standard_normal((3, 4)).astype(np.float32)), np.int64, ())
             assert actions.shape == (3,) and set(actions.tolist()) <= {0, 1}
             stamps.append(version)
     finally:
@@ -220,16 +204,14 @@ def test_many_held_requests_cost_the_learner_no_threads(tmp_path, free_port):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     connections = []
     try:
-        first = Connection(f"127.0.0.1:{free_port}", _hello(num_envs=1), connect_timeout=30)
+        first = Connection(f"127.0.0.1:{free_port}", hello(num_envs=1), connect_timeout=30)
         connections.append(first)
         baseline = _threads(learner.pid)
         for i in range(1, 65):
-            hello = _hello(num_envs=1)
-            hello.actor_id = i
-            conn = Connection(f"127.0.0.1:{free_port}", hello, connect_timeout=30)
+            conn = Connection(f"127.0.0.1:{free_port}", hello(actor_id=i, num_envs=1), connect_timeout=30)
             connections.append(conn)
             # Below --min-actors no phase starts: every step is held on the learner.
-            conn._outbox.put(pb.ActorMessage(step=_step(np.zeros((1, 4), np.float32))))
+            conn._outbox.put(pb.ActorMessage(step=empty_step(np.zeros((1, 4), np.float32))))
         time.sleep(1.0)
         held = _threads(learner.pid)
         assert held - baseline <= 4, (baseline, held)

@@ -17,8 +17,8 @@ from lockstep import envs as envs_lib
 from lockstep.backoff import Backoff
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
-from lockstep.transport.client import Connection, LearnerClosed, LearnerRefused, Misconfigured
-from lockstep.transport.messages import space_to_proto, step_to_proto
+from lockstep.transport.client import Connection, LearnerClosed, LearnerRefused, Misconfigured, step_message
+from lockstep.transport.messages import StepData, space_to_proto
 from lockstep.transport.shm_client import LocalConnection
 from lockstep.transport.shm_layout import is_local
 
@@ -72,9 +72,14 @@ class EnvLoop:
         self.final_index, self.final_obs = np.zeros(0, np.int64), self.final_obs[:0]
         self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
 
+    def outcome(self) -> StepData:
+        """What the actor sends for the last step: its arrays as they are, read before the next ``step``."""
+        return StepData(self.obs, self.reward, self.terminated, self.truncated, self.final_index, self.final_obs,
+                        self.ep_return, self.ep_length)
+
     def message(self) -> pb.Step:
-        return step_to_proto(self.obs, self.reward, self.terminated, self.truncated, self.final_index,
-                             self.final_obs, self.ep_return, self.ep_length)
+        """The outcome as ``Connection.act`` sends it over gRPC."""
+        return step_message(self.outcome())
 
     def step(self, actions: np.ndarray) -> None:
         if self.low is not None:
@@ -129,7 +134,7 @@ def _run(opts: ActorOptions, vec) -> int:
             else:
                 loop.forget_outcome()
             while True:
-                actions, _version = conn.act(loop)
+                actions, _version = conn.act(loop.outcome())
                 loop.step(actions)
         except LearnerClosed:
             log.info("%s: the learner finished training", name)

@@ -1,7 +1,7 @@
 """The actor's end of the stream: a synchronous, one-request-one-reply connection to the learner.
 
 Also what every actor-side connection (this one, ``shm_client.LocalConnection``) has in common:
-``act(loop) -> (actions, version)`` and the exceptions it raises, so the actor's loop does not
+``act(step) -> (actions, version)`` and the exceptions it raises, so the actor's loop does not
 know which transport it speaks.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Iterator
-from typing import Protocol
 
 import grpc
 import numpy as np
@@ -18,7 +17,7 @@ import numpy as np
 from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, METHOD, security
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import decode
-from lockstep.transport.messages import step_to_proto
+from lockstep.transport.messages import StepData, space_from_proto, step_to_proto
 
 _END = object()
 
@@ -45,19 +44,10 @@ class Misconfigured(ConnectionError):
     A ``ConnectionError``, so that callers who only care that no connection came up need not know it."""
 
 
-class StepSource(Protocol):
-    """What a connection sends for one step: the actor's ``EnvLoop``."""
-
-    obs: np.ndarray  # [k, *obs]
-    reward: np.ndarray  # [k] float32
-    terminated: np.ndarray  # [k] bool
-    truncated: np.ndarray  # [k] bool
-    final_index: np.ndarray  # [m] int64
-    final_obs: np.ndarray  # [m, *obs]
-    ep_return: np.ndarray  # [e] float64
-    ep_length: np.ndarray  # [e] int64
-    dtype: np.dtype  # of the actions
-    shape: tuple  # of one action
+def step_message(step: StepData) -> pb.Step:
+    """The Step message that carries one step's outcome (an ``EnvLoop.outcome()``) over gRPC."""
+    return step_to_proto(step.obs, step.reward, step.terminated, step.truncated, step.final_index, step.final_obs,
+                         step.episode_return, step.episode_length)
 
 
 def translate(err: grpc.RpcError) -> Exception:
@@ -108,6 +98,8 @@ class Connection:
             self.close()  # a refused hello: nothing else would close the channel
             raise
         self.welcome: pb.Welcome = reply.welcome
+        action = space_from_proto(hello.action_space, "hello.action_space")  # welcomed: the learner accepted it
+        self._action_dtype, self._action_shape = action.action_dtype, action.element_shape
 
     def _wait_ready(self, address: str, timeout: float, tls_ca: str | None, tls_server_name: str | None) -> None:
         """Wait for the channel to come up. Each time an attempt fails, ask whether the TLS settings are the
@@ -170,12 +162,11 @@ class Connection:
         actions = decode(reply.action.action, "action", action_dtype, (None, *action_shape))
         return actions, int(reply.action.policy_version)
 
-    def act(self, loop: StepSource) -> tuple[np.ndarray, int]:
-        """``step`` for the actor's loop: raises ``LearnerClosed``, ``LearnerRefused`` or ``ConnectionError``."""
-        message = step_to_proto(loop.obs, loop.reward, loop.terminated, loop.truncated, loop.final_index,
-                                loop.final_obs, loop.ep_return, loop.ep_length)
+    def act(self, step: StepData) -> tuple[np.ndarray, int]:
+        """``step`` for the actor's loop, with the action space of the hello: raises ``LearnerClosed``,
+        ``LearnerRefused`` or ``ConnectionError``."""
         try:
-            return self.step(message, loop.dtype, loop.shape)
+            return self.step(step_message(step), self._action_dtype, self._action_shape)
         except grpc.RpcError as err:
             raise translate(err) from err
 

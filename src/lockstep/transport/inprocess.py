@@ -22,7 +22,7 @@ from lockstep import envs as envs_lib
 from lockstep.actor import EnvLoop
 from lockstep.backoff import Backoff
 from lockstep.transport import PROTOCOL
-from lockstep.transport.messages import HelloInfo, StepData, check_step
+from lockstep.transport.messages import HelloInfo, check_step
 from lockstep.transport.protocol import ActorHandler, Refused
 
 log = logging.getLogger("lockstep.actor")
@@ -77,9 +77,7 @@ class InProcessActors:
             loop = EnvLoop(vec, act_spec)
             loop.reset(envs_lib.env_seeds(welcome.seed, actor_id, self.num_envs))
             while True:
-                data = check_step(StepData(loop.obs, loop.reward, loop.terminated, loop.truncated, loop.final_index,
-                                           loop.final_obs, loop.ep_return, loop.ep_length),
-                                  self.num_envs, obs_spec)
+                data = check_step(loop.outcome(), self.num_envs, obs_spec)
                 reply = await session.step(data)
                 if reply is None:
                     return

@@ -1,7 +1,7 @@
 """The actor's end of the same-host transport: a synchronous, one-request-one-reply connection.
 
 ``LocalConnection(address, hello)`` connects to a learner's ``unix:/path`` address, says hello and
-maps the shared memory the learner sends with its welcome; ``act(loop)`` writes one step into that
+maps the shared memory the learner sends with its welcome; ``act(step)`` writes one step into that
 memory, wakes the learner with a 12-byte frame and returns the actions the learner wrote back.
 The wire and who writes what when: ``shm_layout``. No torch; numpy and the standard library.
 
@@ -19,8 +19,8 @@ import numpy as np
 
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport import shm_layout as wire
-from lockstep.transport.client import FATAL_CODES, LearnerClosed, LearnerRefused, StepSource
-from lockstep.transport.messages import space_from_proto
+from lockstep.transport.client import FATAL_CODES, LearnerClosed, LearnerRefused
+from lockstep.transport.messages import StepData, space_from_proto
 from lockstep.transport.protocol import INVALID_ARGUMENT
 
 
@@ -97,25 +97,25 @@ class LocalConnection:
             raise ConnectionError(f"the learner at {self.address} ended the connection ({code}: {message})")
         return frame, fds
 
-    def act(self, loop: StepSource) -> tuple[np.ndarray, int]:
-        """Send the step ``loop`` describes; return the actions for it and the version that produced them.
+    def act(self, step: StepData) -> tuple[np.ndarray, int]:
+        """Send ``step`` (an ``EnvLoop.outcome()``); return the actions for it and the version that produced them.
 
         A "no action, retry" reply (reference synchronizations only) is answered by sending the same
         frame again: the step is still in the region. ``retries`` counts them.
         """
         region = self._region
-        m, e = len(loop.final_index), len(loop.ep_return)
-        _put("step.observation", region.obs, loop.obs)
-        _put("step.reward", region.reward, loop.reward)
-        _put("step.terminated", region.terminated, loop.terminated)
-        _put("step.truncated", region.truncated, loop.truncated)
+        m, e = len(step.final_index), len(step.episode_return)
+        _put("step.observation", region.obs, step.obs)
+        _put("step.reward", region.reward, step.reward)
+        _put("step.terminated", region.terminated, step.terminated)
+        _put("step.truncated", region.truncated, step.truncated)
         if m > self._k or e > self._k:
             raise LearnerRefused(INVALID_ARGUMENT, f"step frame: {m} final observation(s) and {e} finished "
                                  f"episode(s) in one step of {self._k} env(s); at most one of each per env")
-        _put("step.final_index", region.final_index[:m], loop.final_index)
-        _put("step.final_observation", region.final_obs[:m], loop.final_obs)
-        _put("step.episode_return", region.episode_return[:e], loop.ep_return)
-        _put("step.episode_length", region.episode_length[:e], loop.ep_length)
+        _put("step.final_index", region.final_index[:m], step.final_index)
+        _put("step.final_observation", region.final_obs[:m], step.final_obs)
+        _put("step.episode_return", region.episode_return[:e], step.episode_return)
+        _put("step.episode_length", region.episode_length[:e], step.episode_length)
         frame = wire.STEP.pack(wire.STEP_KIND, m, e)
         while True:
             self._send(frame)

@@ -15,7 +15,8 @@ import torch
 from lockstep import noise
 from lockstep.envs import SpaceSpec
 from lockstep.inference import act
-from lockstep.models import ActorCritic, ObsNormalizer
+from lockstep.models import ActorCritic
+from lockstep.normalize import ObsNormalizer
 
 AUDIT_TOLERANCE = 1e-5  # lockstep audit's default --tolerance
 OBS = SpaceSpec("box", (3,), "float32", low=np.full(3, -5.0, np.float32), high=np.full(3, 5.0, np.float32))

@@ -42,7 +42,8 @@ from lockstep import noise
 from lockstep.envs import SpaceSpec, make_env
 from lockstep.files import atomic_write
 from lockstep.inference import act, act_recurrent
-from lockstep.models import ObsNormalizer, Policy, build_policy, resolve_device
+from lockstep.models import Policy, build_policy, resolve_device
+from lockstep.normalize import ObsNormalizer
 
 VIDEO_INSTALL = "pip install -e '.[video]'"
 ATARI_FPS = 15  # the ALE runs at 60 frames a second and each agent step holds its action for wrap_atari's 4

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from lockstep import noise
-from lockstep.models import ObsNormalizer, Policy
+from lockstep.models import Policy
+from lockstep.normalize import ObsNormalizer
 
 _TINY = float(np.finfo(np.float32).tiny)
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))

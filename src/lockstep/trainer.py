@@ -18,7 +18,8 @@ from lockstep.config import Config
 from lockstep.distributed import Ranks
 from lockstep.envs import EnvSpec
 from lockstep.inference import PolicySnapshot
-from lockstep.models import ObsNormalizer, RunningMeanStd, build_policy
+from lockstep.models import build_policy
+from lockstep.normalize import ObsNormalizer, RunningMeanStd
 from lockstep.rollout import Batch
 
 

@@ -14,7 +14,8 @@ from lockstep import sync
 from lockstep.config import Config
 from lockstep.config import load as load_config
 from lockstep.envs import EnvSpec, env_spec
-from lockstep.models import ObsNormalizer, Policy, build_policy
+from lockstep.models import Policy, build_policy
+from lockstep.normalize import ObsNormalizer
 
 
 class AuditError(RuntimeError):

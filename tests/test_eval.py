@@ -14,12 +14,12 @@ from lockstep.config import Config
 from lockstep.launch import train
 
 
-def _train(run_dir, lstm_size: int = 0):
+def _train(run_dir, lstm_size: int = 0, critic_lstm: bool = False):
     config = Config()
     config.env.actors, config.env.envs_per_actor = 1, 2
     config.ppo.steps_per_env, config.ppo.total_steps = 16, 2 * 16 * 3
     config.env.normalize_obs = True  # so that the checkpoint's obs_rms is used
-    config.model.lstm_size = lstm_size
+    config.model.lstm_size, config.model.critic_lstm = lstm_size, critic_lstm
     config.learner.transport = "inprocess"
     config.learner.device = "cpu"
     config.run.progress = False
@@ -79,8 +79,9 @@ def test_a_missing_video_extra_names_the_install_line(run_dir, tmp_path, monkeyp
         evaluation.evaluate(run_dir, episodes=1, video_dir=tmp_path / "v")
 
 
-def test_a_recurrent_run_evaluates_sampled_and_deterministic_repeatably(tmp_path):
-    run = _train(tmp_path / "lstm", lstm_size=8)
+@pytest.mark.parametrize("critic_lstm", [False, True], ids=["shared-lstm", "critic-lstm"])
+def test_a_recurrent_run_evaluates_sampled_and_deterministic_repeatably(tmp_path, critic_lstm):
+    run = _train(tmp_path / "lstm", lstm_size=8, critic_lstm=critic_lstm)
     sampled = evaluation.evaluate(run, episodes=2, seed=1)
     deterministic = evaluation.evaluate(run, episodes=2, seed=1, deterministic=True)
     assert len(sampled.episodes) == len(deterministic.episodes) == 2

@@ -233,8 +233,7 @@ class _Player:
         with torch.inference_mode():
             x = self.normalize(torch.as_tensor(batch, device=self.device))
             if self.model.state_size:
-                out, after = self.model.advance(x, torch.as_tensor(self.state, device=self.device))
-                head = self.model.actor(out)
+                head, _, after = self.model.features_step(x, torch.as_tensor(self.state, device=self.device))
                 self.state = after.cpu().numpy()
             else:
                 head, _ = self.model.features(x)

@@ -237,13 +237,20 @@ class RecurrentPolicy(Policy):
             states[end - 1] = torch.cat([h[0], c[0]], -1)
         return torch.cat(outputs), states
 
+    def features_step(self, obs: torch.Tensor, state: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``features`` for one step, no reset: obs [B, *obs], state [B, 2W] -> policy head output
+        [B, action_dim], value [B], next state [B, 2W]."""
+        out, after = self.advance(obs, state)
+        return self.actor(self._policy_in(out)), self.critic(self._value_in(out)).squeeze(-1), after
+
     def sample_step(self, obs: torch.Tensor, uniform: torch.Tensor, state: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step: obs [B, *obs], noise [B, w], state [B, 2W] (already reset where episodes start)
         -> action [B, *act], log-prob [B], value [B], next state [B, 2W]."""
-        out, after = self.advance(obs, state)
-        action, logprob = self.sample_head(self.actor(self._policy_in(out)), uniform)
-        return action, logprob, self.critic(self._value_in(out)).squeeze(-1), after
+        head, value, after = self.features_step(obs, state)
+        action, logprob = self.sample_head(head, uniform)
+        return action, logprob, value, after
 
     def evaluate_sequence(self, obs: torch.Tensor, action: torch.Tensor, starts: torch.Tensor, state: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -258,8 +265,8 @@ class RecurrentPolicy(Policy):
     def evaluate_step(self, obs: torch.Tensor, action: torch.Tensor, state: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of given actions: obs [B, *obs], actions [B, *act], state [B, 2W] -> log-prob [B], next state."""
-        out, after = self.advance(obs, state)
-        return self.evaluate_head(self.actor(self._policy_in(out)), action)[0], after
+        head, _, after = self.features_step(obs, state)
+        return self.evaluate_head(head, action)[0], after
 
     def values_sequence(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor, cuts: Iterable[int] = ()
                         ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,7 +277,7 @@ class RecurrentPolicy(Policy):
 
     def value_after(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """V of observations [M, *obs] that follow states [M, 2W] (no reset): the bootstrap values."""
-        return self.critic(self._value_in(self.advance(obs, state)[0])).squeeze(-1)
+        return self.features_step(obs, state)[1]
 
     def advance(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One step, no reset: obs [B, *obs], state [B, 2W] -> LSTM output [B, W], next state [B, 2W]."""

@@ -147,6 +147,12 @@ Outputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]  # action
 # values [n], next recurrent states [n, S] (None for a feedforward policy)
 
 
+def _rows(out: Outputs, a: int, z: int) -> Outputs:
+    """Rows [a, z) of a forward pass's outputs."""
+    actions, logprobs, values, after = out
+    return actions[a:z], logprobs[a:z], values[a:z], None if after is None else after[a:z]
+
+
 def _aligned_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """Zeros in memory from torch's allocator (64-byte aligned), so that each block's input starts at
     the same alignment in every run: a kernel could, in principle, round by alignment (not observed)."""
@@ -283,9 +289,8 @@ class Batcher:
             if state.shape[1]:
                 np.concatenate([p.state for p, _ in placed], out=state)  # [R, S]
             if layout.total <= layout.block_rows:  # one block: each request's rows are a slice of its outputs
-                actions, logprobs, values, after = snapshot.step(obs, uniform, state)
-                return {id(p): (actions[a:z], logprobs[a:z], values[a:z], None if after is None else after[a:z])
-                        for p, a, z in ((p, first, first + len(p.obs)) for p, first in placed)}, 1
+                out = snapshot.step(obs, uniform, state)
+                return {id(p): _rows(out, first, first + len(p.obs)) for p, first in placed}, 1
             used = range(len(layout.blocks(0, layout.total)))
         else:  # the others' rows keep what they held: valid input whose results nobody takes
             obs, uniform_rows, uniform, state = layout.obs, uniform, layout.uniform, layout.state
@@ -310,7 +315,7 @@ class Batcher:
             for b in layout.blocks(first, end):
                 lo, out = outputs[b]
                 a, z = max(first, lo) - lo, end - lo
-                cut.append(tuple(None if x is None else x[a:z] for x in out))
+                cut.append(_rows(out, a, z))
             answers[id(p)] = cut[0] if len(cut) == 1 else tuple(
                 None if c[0] is None else np.concatenate(c) for c in zip(*cut))
         return answers, len(used)
@@ -327,6 +332,6 @@ class Batcher:
         offset = 0
         for p in loose:
             n = len(p.obs)
-            answers[id(p)] = tuple(None if x is None else x[offset:offset + n] for x in out)
+            answers[id(p)] = _rows(out, offset, offset + n)
             offset += n
         return answers

@@ -227,9 +227,8 @@ class Session:
         # Key (step counter, actor id): the order a single process stepping every slot would see, whatever
         # order the messages arrive in. self.counter is the number of this actor's requests admitted so
         # far, so this message's episodes ended in the step with counter self.counter - 1.
-        if len(data.episode_return):
-            sessions.episodes.add(data.episode_return, data.episode_length, sessions.counters.collected_steps,
-                                  sessions.clock.wall_s, key=(self.counter, self.member))
+        sessions.episodes.add(data.episode_return, data.episode_length, sessions.counters.collected_steps,
+                              sessions.clock.wall_s, key=(self.counter, self.member))
 
         self._loop = asyncio.get_running_loop()  # where _release sends the admission
         result = sessions.gate.request(self.member, self._release)

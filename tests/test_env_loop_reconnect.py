@@ -8,7 +8,7 @@ import numpy as np
 
 from lockstep.actor import EnvLoop
 from lockstep.envs import SpaceSpec, env_seeds, make_vector_env
-from lockstep.transport.messages import step_from_proto
+from lockstep.transport.messages import step_from_proto, step_message
 
 K = 4
 
@@ -32,11 +32,12 @@ def test_a_reconnect_does_not_report_finished_episodes_again():
     loop, obs_spec = _loop()
     try:
         _step_until_an_episode_ends(loop)
-        sent = step_from_proto(loop.message(), K, obs_spec)  # may have reached the learner before the break
+        # may have reached the learner before the break
+        sent = step_from_proto(step_message(loop.outcome()), K, obs_spec)
         assert len(sent.episode_return) >= 1 and sent.terminated.any()
 
         loop.forget_outcome()
-        again = step_from_proto(loop.message(), K, obs_spec)
+        again = step_from_proto(step_message(loop.outcome()), K, obs_spec)
         assert again.episode_return.size == 0 and again.episode_length.size == 0
         assert not again.terminated.any() and not again.truncated.any() and not again.reward.any()
         assert again.final_index.size == 0 and again.final_obs.shape == (0, 4)
@@ -44,7 +45,7 @@ def test_a_reconnect_does_not_report_finished_episodes_again():
 
         # episodes that end after the reconnect are reported as usual
         _step_until_an_episode_ends(loop)
-        assert len(step_from_proto(loop.message(), K, obs_spec).episode_return) >= 1
+        assert len(step_from_proto(step_message(loop.outcome()), K, obs_spec).episode_return) >= 1
     finally:
         loop.vec.close()
 
@@ -55,10 +56,10 @@ def test_every_finished_episode_is_reported_once_across_reconnects():
         reported = 0
         for step in range(300):
             loop.step(np.full(K, step % 2, np.int64) if step % 7 else np.zeros(K, np.int64))
-            reported += len(step_from_proto(loop.message(), K, obs_spec).episode_return)
+            reported += len(step_from_proto(step_message(loop.outcome()), K, obs_spec).episode_return)
             if step % 5 == 0:  # a reconnect: the last message is sent again after forget_outcome
                 loop.forget_outcome()
-                reported += len(step_from_proto(loop.message(), K, obs_spec).episode_return)
+                reported += len(step_from_proto(step_message(loop.outcome()), K, obs_spec).episode_return)
         finished = int(loop.vec.episode_count)  # RecordEpisodeStatistics counts every finished episode
         assert finished > 0 and reported == finished
     finally:

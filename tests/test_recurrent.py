@@ -9,12 +9,12 @@ initial states and catches a planted change; an LSTM learns a memory task that a
 from __future__ import annotations
 
 import threading
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from protocol import hello
 
 from lockstep import audit
 from lockstep import config as config_lib
@@ -23,10 +23,9 @@ from lockstep.envs import env_spec
 from lockstep.launch import train
 from lockstep.learner import Learner
 from lockstep.models import RecurrentPolicy, build_policy
-from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.client import Connection
-from lockstep.transport.messages import space_to_proto, step_to_proto
+from lockstep.transport.messages import step_to_proto
 
 CARTPOLE = env_spec("CartPole-v1")
 
@@ -116,12 +115,6 @@ def test_an_lstm_with_an_in_place_strategy_is_refused_by_name():
 # -- the session keeps the state ---------------------------------------------------------------------
 
 
-def _hello(run_id: str) -> pb.Hello:
-    return pb.Hello(protocol=PROTOCOL, actor_id=3, run_id=run_id, num_envs=2, env_id="CartPole-v1",
-                    observation_space=space_to_proto(CARTPOLE.observation),
-                    action_space=space_to_proto(CARTPOLE.action))
-
-
 def _step(obs: np.ndarray, terminated=(False, False)) -> pb.Step:
     return step_to_proto(obs, np.zeros(2, np.float32), np.array(terminated), np.zeros(2, bool),
                          np.zeros(0, np.int64), np.zeros((0, 4), np.float32), np.zeros(0, np.float64),
@@ -150,7 +143,7 @@ def test_a_session_carries_each_slots_state_resets_it_on_done_and_on_a_new_run_i
     rng = np.random.default_rng(0)
     seen = [rng.normal(size=(2, 4)).astype(np.float32) for _ in range(4)]
     try:
-        conn = Connection(f"127.0.0.1:{port}", _hello(uuid.uuid4().hex), connect_timeout=10)
+        conn = Connection(f"127.0.0.1:{port}", hello(actor_id=3), connect_timeout=10)
         conn.step(_step(seen[0]), np.int64, ())
         session = learner.sessions._live[3]
         np.testing.assert_allclose(session.state, expected(seen[:1], [(False, False)]), atol=1e-6)
@@ -161,7 +154,7 @@ def test_a_session_carries_each_slots_state_resets_it_on_done_and_on_a_new_run_i
                                    atol=1e-6)
         assert np.array_equal(session.unroll.initial_state, np.zeros((2, 16)))
         # the same actor again with a new run id (a restart): a new session, from zeros
-        again = Connection(f"127.0.0.1:{port}", _hello(uuid.uuid4().hex), connect_timeout=10)
+        again = Connection(f"127.0.0.1:{port}", hello(actor_id=3), connect_timeout=10)
         again.step(_step(seen[3]), np.int64, ())
         fresh = learner.sessions._live[3]
         assert fresh is not session

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import csv
 import threading
-import uuid
 
 import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
+from protocol import hello
 
 from lockstep import config as config_lib
 from lockstep.actor import EnvLoop
-from lockstep.envs import SpaceSpec, env_seeds, env_spec, make_vector_env
+from lockstep.envs import SpaceSpec, env_seeds, make_vector_env
 from lockstep.learner import Learner
-from lockstep.transport import METHOD, PROTOCOL
+from lockstep.transport import METHOD
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.client import Connection
-from lockstep.transport.messages import space_to_proto, step_from_proto, step_to_proto
+from lockstep.transport.messages import step_from_proto, step_message, step_to_proto
 
 pytestmark = pytest.mark.slow
 
@@ -37,19 +37,13 @@ def short_cartpole(**kwargs) -> gym.Env:
     return gym.make("CartPole-v1", max_episode_steps=6, **kwargs)
 
 
-def _hello(actor_id: int, num_envs: int) -> pb.Hello:
-    spec = env_spec(ENV)
-    return pb.Hello(protocol=PROTOCOL, actor_id=actor_id, run_id=uuid.uuid4().hex, num_envs=num_envs, env_id=ENV,
-                    observation_space=space_to_proto(spec.observation), action_space=space_to_proto(spec.action))
-
-
 class _Actor:
     """A well-behaved actor: the actor's own ``EnvLoop`` over a real vector env, on a real connection."""
 
     def __init__(self, address: str, actor_id: int, num_envs: int) -> None:
         self.vec = make_vector_env(ENV, num_envs)
         self.loop = EnvLoop(self.vec, SpaceSpec.from_space(self.vec.single_action_space))
-        self.conn = Connection(address, _hello(actor_id, num_envs), connect_timeout=30)
+        self.conn = Connection(address, hello(actor_id, num_envs, env_id=ENV), connect_timeout=30)
         self.loop.reset(env_seeds(self.conn.welcome.seed, actor_id, num_envs))
         self.final_observations = 0
 
@@ -58,7 +52,8 @@ class _Actor:
         version = -1
         for _ in range(n):
             self.final_observations += len(self.loop.final_index)
-            actions, version = self.conn.step(self.loop.message(), self.loop.dtype, self.loop.shape)
+            message = step_message(self.loop.outcome())
+            actions, version = self.conn.step(message, self.loop.dtype, self.loop.shape)
             self.loop.step(actions)
         return version
 
@@ -84,7 +79,7 @@ def learner(tmp_path):
     assert not thread.is_alive()
 
 
-def _rogue(address: str, hello: pb.Hello, step: pb.Step) -> grpc.RpcError:
+def _rogue(address: str, greeting: pb.Hello, step: pb.Step) -> grpc.RpcError:
     """A hand-made client: the hello and one step on a raw stream; the error that ends it.
 
     The deadline only bounds a learner that wrongly accepts the step: a request of an actor
@@ -93,7 +88,7 @@ def _rogue(address: str, hello: pb.Hello, step: pb.Step) -> grpc.RpcError:
     with grpc.insecure_channel(address) as channel:
         call = channel.stream_stream(METHOD, request_serializer=pb.ActorMessage.SerializeToString,
                                      response_deserializer=pb.LearnerMessage.FromString)
-        replies = call(iter([pb.ActorMessage(hello=hello), pb.ActorMessage(step=step)]), timeout=30)
+        replies = call(iter([pb.ActorMessage(hello=greeting), pb.ActorMessage(step=step)]), timeout=30)
         try:
             kinds = [reply.WhichOneof("kind") for reply in replies]
         except grpc.RpcError as err:
@@ -115,7 +110,8 @@ def test_the_actor_sends_final_observations_for_exactly_the_truncated_slots():
     try:
         for step in range(60):
             loop.step(np.array([step % 2, 0, 1], np.int64))
-            data = step_from_proto(loop.message(), 3, obs_spec)  # the learner's validation, final_index included
+            # the learner's validation, final_index included
+            data = step_from_proto(step_message(loop.outcome()), 3, obs_spec)
             assert data.final_index.tolist() == np.flatnonzero(data.truncated & ~data.terminated).tolist()
             truncations += len(data.final_index)
     finally:
@@ -140,7 +136,7 @@ def test_a_step_with_a_bad_final_index_is_refused_while_a_good_actor_trains_on(l
         bad = step_to_proto(np.zeros((2, 4), np.float32), np.zeros(2, np.float32), np.array(terminated, bool),
                             np.array(truncated, bool), np.array(final_index, np.int64), np.zeros((m, 4), np.float32),
                             np.zeros(0, np.float64), np.zeros(0, np.int64))
-        refused = _rogue(address, _hello(actor_id=7, num_envs=2), bad)
+        refused = _rogue(address, hello(actor_id=7, num_envs=2, env_id=ENV), bad)
         assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.details()
         assert "actor 7" in refused.details() and "step.final_index" in refused.details()
         assert problem in refused.details()

@@ -17,7 +17,7 @@ from lockstep import envs as envs_lib
 from lockstep.backoff import Backoff
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
-from lockstep.transport.client import Connection, LearnerClosed, LearnerRefused, Misconfigured, step_message
+from lockstep.transport.client import Connection, LearnerClosed, LearnerRefused, Misconfigured
 from lockstep.transport.messages import StepData, space_to_proto
 from lockstep.transport.shm_client import LocalConnection
 from lockstep.transport.shm_layout import is_local
@@ -76,10 +76,6 @@ class EnvLoop:
         """What the actor sends for the last step: its arrays as they are, read before the next ``step``."""
         return StepData(self.obs, self.reward, self.terminated, self.truncated, self.final_index, self.final_obs,
                         self.ep_return, self.ep_length)
-
-    def message(self) -> pb.Step:
-        """The outcome as ``Connection.act`` sends it over gRPC."""
-        return step_message(self.outcome())
 
     def step(self, actions: np.ndarray) -> None:
         if self.low is not None:

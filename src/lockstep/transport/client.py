@@ -17,7 +17,7 @@ import numpy as np
 from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, METHOD, security
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import decode
-from lockstep.transport.messages import StepData, space_from_proto, step_to_proto
+from lockstep.transport.messages import StepData, space_from_proto, step_message
 
 _END = object()
 
@@ -42,12 +42,6 @@ class Misconfigured(ConnectionError):
     """The actor's connection settings cannot work with this learner (TLS on one end only, the wrong CA or
     server name): retrying cannot help, and the message names the flag that fixes it. The actor exits with code 2.
     A ``ConnectionError``, so that callers who only care that no connection came up need not know it."""
-
-
-def step_message(step: StepData) -> pb.Step:
-    """The Step message that carries one step's outcome (an ``EnvLoop.outcome()``) over gRPC."""
-    return step_to_proto(step.obs, step.reward, step.terminated, step.truncated, step.final_index, step.final_obs,
-                         step.episode_return, step.episode_length)
 
 
 def translate(err: grpc.RpcError) -> Exception:

@@ -81,6 +81,13 @@ def step_to_proto(obs, reward, terminated, truncated, final_index, final_obs,
     )
 
 
+def step_message(step: StepData) -> pb.Step:
+    """The Step message that carries one step's outcome (an actor's ``EnvLoop.outcome()``): ``step_from_proto``'s
+    inverse."""
+    return step_to_proto(step.obs, step.reward, step.terminated, step.truncated, step.final_index, step.final_obs,
+                         step.episode_return, step.episode_length)
+
+
 def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec, sanitize: bool = False) -> StepData:
     """Decode a Step message and validate it with ``check_step``."""
     k, obs_shape, obs_dtype = num_envs, observation.shape, observation.dtype

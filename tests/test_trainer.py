@@ -15,7 +15,7 @@ from lockstep import ppo
 from lockstep.config import Config
 from lockstep.envs import EnvSpec, SpaceSpec
 from lockstep.rollout import Batch
-from lockstep.trainer import OffPolicyError, RewardScaler, Trainer, bootstrap
+from lockstep.trainer import OffPolicyError, RewardScaler, Trainer, adam, bootstrap
 
 OBS = SpaceSpec("box", (2,), "float32", low=np.full(2, -np.inf, np.float32), high=np.full(2, np.inf, np.float32))
 SPEC = EnvSpec("test", OBS, SpaceSpec("discrete", (), "int64", n=2))
@@ -314,3 +314,47 @@ def test_training_goes_on_when_a_member_comes_back_with_another_number_of_envs()
     stats = trainer.train(rewards_batch([[1, 1, 1], [1, 1, 1]], members=(4,), slots=(3,), versions=1))
     assert stats.samples == 6 and trainer.version == 2
     np.testing.assert_allclose(trainer.reward_scaler.returns[4], [0.99 * 1 + 1] * 3)  # from zero, gamma 0.99
+
+
+# -- the optimizer ------------------------------------------------------------------------------
+
+
+def _policy_and_grads(seed: int) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    torch.manual_seed(seed)
+    model = Trainer(Config(), SPEC, torch.device("cpu")).model
+    return model, [torch.randn_like(p) for p in model.parameters()]
+
+
+def test_adam_is_fused_where_torch_has_the_kernel_and_takes_the_same_steps_as_the_loop():
+    fused_model, grads = _policy_and_grads(0)
+    loop_model, _ = _policy_and_grads(0)
+    fused = adam(list(fused_model.parameters()), 1e-2, 1e-5)
+    loop = torch.optim.Adam(loop_model.parameters(), lr=1e-2, eps=1e-5)
+    has_cpu_kernel = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 4)
+    assert bool(fused.defaults["fused"]) == has_cpu_kernel
+    for _ in range(3):
+        for model, optimizer in ((fused_model, fused), (loop_model, loop)):
+            for p, g in zip(model.parameters(), grads):
+                p.grad = g.clone()
+            optimizer.step()
+    for a, b in zip(fused_model.parameters(), loop_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # the same update, rounded differently
+    start, _ = _policy_and_grads(0)
+    moved = sum(float((a - b).abs().sum().detach()) for a, b in zip(fused_model.parameters(), start.parameters()))
+    assert moved > 0.1  # three steps of lr 1e-2 moved the parameters: the comparison compares something
+
+
+def test_adam_falls_back_to_the_loop_where_torch_has_no_fused_kernel(monkeypatch):
+    real = torch.optim.Adam
+
+    def without_fused(params, **kwargs):  # what torch < 2.4 says for CPU parameters
+        if kwargs.get("fused"):
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported "
+                               "devices: ['cuda']")
+        return real(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "Adam", without_fused)
+    model, _ = _policy_and_grads(0)
+    optimizer = adam(list(model.parameters()), 1e-3, 1e-5)
+    assert isinstance(optimizer, real) and not optimizer.defaults["fused"]
+    assert optimizer.defaults["lr"] == 1e-3 and optimizer.defaults["eps"] == 1e-5

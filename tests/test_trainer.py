@@ -1,4 +1,4 @@
-"""The trainer: bootstrap values and continuation masks, version-stamp checks, reward scaling.
+"""The trainer: bootstrap values and continuation masks, version-stamp checks, reward scaling, the optimizer.
 
 Expected values are worked out by hand in the comments. The value function is a single
 linear layer with known weights, V(o) = o[0] + 2 o[1] + 0.5, so every bootstrap value below

@@ -1,4 +1,5 @@
-# Two commands do all set-up: `make train` and `make test`. Plain pip in a venv.
+# Two commands do all set-up: `make train` (the core, then CartPole) and `make test` (every extra, then the suite).
+# Plain pip in a venv.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -9,28 +10,41 @@ TORCH_WHEEL := $(firstword $(wildcard $(PIP_FIND_LINKS)/torch-*+cpu-cp3*.whl))
 # Empty: lockstep train's default, the cartpole-fast preset; e.g. TRAIN_ARGS="--config cartpole-cleanrl".
 TRAIN_ARGS ?=
 
-.PHONY: install train test proto clean
+.PHONY: install install-all train test test-fast proto clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: $(PY) pyproject.toml
+# The core: what `lockstep train` needs for the default run (torch, gRPC, Gymnasium, TensorBoard).
+$(VENV)/.core: $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || \
 	  { [ -n "$(TORCH_WHEEL)" ] && $(PIP) install "$(TORCH_WHEEL)" || $(PIP) install "torch>=2.2"; }
-	$(PIP) install -e '.[test,all]'  # the optional extras too, so the suite skips nothing
+	$(PIP) install -e .
 	@touch $@
 
-install: $(VENV)/.installed
+# Everything the suite uses: the test tools, every optional extra (so the suite skips nothing),
+# and the benchmarks and model checker that live beside the runtime (dev/).
+$(VENV)/.all: $(VENV)/.core dev/pyproject.toml
+	$(PIP) install -e '.[test,all]' -e ./dev
+	@touch $@
+
+install: $(VENV)/.core
+
+install-all: $(VENV)/.all
 
 train: install
 	$(VENV)/bin/lockstep train $(TRAIN_ARGS)
 
-test: install
+test: install-all
 	$(VENV)/bin/ruff check
 	$(PY) -m pytest -q
 
+# The inner loop: unit tests only (no learner processes, no training runs), under two minutes.
+test-fast: install-all
+	$(PY) -m pytest -q tests/unit
+
 # Regenerate the committed gRPC modules after editing the .proto file.
-proto: install
+proto: install-all
 	$(PY) -m lockstep.transport.generate
 
 clean:

@@ -68,7 +68,7 @@ def main() -> None:
     print(f"{summary['env_steps']:,} env steps, mean return of the last episodes {summary['episode_return_mean']:.1f}; "
           + (f"reached 475 after {solved['env_steps']:,} env steps" if solved else "did not reach 475"))
     if args.audit:
-        from lockstep.audit import main as audit
+        from lockstep.tools.audit import main as audit
 
         raise SystemExit(audit(config.run.run_dir))
 

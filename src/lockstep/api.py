@@ -55,7 +55,7 @@ def train(config: Config | str | Path, policy: Callable[..., Any] | None = None,
           run_dir: str | Path | None = None) -> dict[str, Any]:
     """Train as ``lockstep train`` does (a learner here, its actors as ``learner.transport`` says) and
     return the run's summary (summary.json). ``policy``: your network's factory (module docstring)."""
-    from lockstep.launch import train as launch_train  # torch: loaded only when training
+    from lockstep.launch.local import train as launch_train  # torch: loaded only when training
 
     if not isinstance(config, Config):
         config = load_config(config)

@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 
 from lockstep import config as config_lib
-from lockstep.bench import cli as bench_cli
-from lockstep.tracking import MissingExtra
-from lockstep.transport import security
+from lockstep.observe.tracking import MissingExtra
+from lockstep.transport.grpc import security
 
 # flag -> config field; each flag overrides the YAML file given by --config
 TRAINING_FLAGS = [
@@ -168,7 +167,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     check_env(config.env.id)
-    from lockstep.launch import train
+    from lockstep.launch.local import train
 
     run_dir = Path(config.run.run_dir)
     summary = train(config, run_dir, token=security.token_from(args.token), resume=bool(args.resume))
@@ -179,7 +178,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_learner(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     check_env(config.env.id)
-    from lockstep.launch import train
+    from lockstep.launch.local import train
 
     run_dir = Path(config.run.run_dir)
     summary = train(config, run_dir, token=security.token_from(args.token), resume=bool(args.resume),
@@ -203,7 +202,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from lockstep import plot
+    from lockstep.observe import plot
 
     axes = ("steps", "time") if args.x == "both" else (args.x,)
     try:
@@ -222,13 +221,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from lockstep.audit import main as audit_main
+    from lockstep.tools.audit import main as audit_main
 
     return audit_main(args.run_dir, args.tolerance)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from lockstep import evaluation
+    from lockstep.tools import eval as evaluation
 
     return evaluation.main(Path(args.run_dir), args.episodes, args.deterministic, args.seed, args.device,
                            args.checkpoint, args.video, args.out)
@@ -350,8 +349,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "episodes)")
     p.add_argument("--title", help="figure title (default: the environments and the number of runs)")
     p.set_defaults(func=cmd_plot)
-    bench_cli.add_parser(sub)
+    _add_bench(sub)
     return parser
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    """``lockstep bench ...`` comes from the benchmarks package beside the runtime (``dev/``, ``lockstep_bench``)."""
+    try:
+        from lockstep_bench import cli as bench_cli
+    except ImportError:
+        p = sub.add_parser("bench", help="benchmarks (needs the benchmark package: pip install -e ./dev)")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_no_bench)
+        return
+    bench_cli.add_parser(sub)
+
+
+def _no_bench(args: argparse.Namespace) -> int:
+    raise UsageError("lockstep bench needs the benchmark package, which lives beside the runtime in a checkout: "
+                     "pip install -e ./dev (make test installs it)")
 
 
 def main(argv: list[str] | None = None) -> int:

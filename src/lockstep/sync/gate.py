@@ -44,7 +44,7 @@ Protocol
     * ``start_version`` (a resumed run): the first phase and version are that number.
 
 Invariants (tests/sync/ checks them with real threads and random delays,
-``lockstep.verify`` exhaustively for small sizes)
+``lockstep_verify`` exhaustively for small sizes)
     1. Every admission for phase u carries a version v with u - max_lag <= v <= u;
        a member is admitted at most T times per phase, exactly T if the phase closes
        with its unroll (with the cut-off: at least ceil(min_unroll * T) times).

@@ -20,7 +20,7 @@ import uuid
 
 from lockstep import envs as envs_lib
 from lockstep.actor import EnvLoop
-from lockstep.backoff import Backoff
+from lockstep.common.backoff import Backoff
 from lockstep.transport import PROTOCOL
 from lockstep.transport.messages import HelloInfo, check_step
 from lockstep.transport.protocol import ActorHandler, Refused

@@ -1,0 +1,228 @@
+"""``lockstep bench ...``: the benchmark commands. Each writes a Markdown table and a JSON file to ``--out``;
+their modules are imported inside the commands, so the parser loads no torch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lockstep import config as config_lib
+from lockstep.sync import NAMES
+from lockstep_bench.suites import SUITES
+from lockstep_bench.throughput import CONFIGS as THROUGHPUT_CONFIGS
+
+
+def cmd_bench_sync(args: argparse.Namespace) -> int:
+    from lockstep_bench import sync as bench_sync
+
+    workload = (bench_sync.Workload.quick(args.adversarial) if args.quick
+                else bench_sync.Workload(adversarial=args.adversarial))
+    for field_name in ("env", "actors", "envs_per_actor", "steps_per_env", "iterations", "seed", "time_limit_s"):
+        value = getattr(args, field_name)
+        if value is not None:
+            setattr(workload, field_name, value)
+    if args.adversarial and args.actors is None:
+        workload.actors = max(workload.actors, 2 * workload.inference_threads + 2)
+    out = Path(args.out)
+    bench_sync.run(workload, out, args.strategies)
+    print((out / "sync.md").read_text())
+    print(f"wrote {out / 'sync.md'} and {out / 'sync.json'}")
+    return 0
+
+
+def cmd_bench_throughput(args: argparse.Namespace) -> int:
+    from lockstep_bench import throughput
+
+    out = Path(args.out)
+    rows = throughput.run(out, quick=args.quick, device=args.device, configs=args.configs,
+                          transports=tuple(args.transports), roundtrip_messages=args.roundtrip_messages)
+    print((out / "throughput.md").read_text())
+    print(f"wrote {out / 'throughput.md'} and {out / 'throughput.json'}")
+    return 0 if all(row["error"] is None for row in rows) else 1
+
+
+def cmd_bench_learn(args: argparse.Namespace) -> int:
+    if args.suite:
+        return _bench_learn_suite(args)
+    if args.budget_scale != 1.0:
+        raise config_lib.ConfigError("--budget-scale scales the presets of a --suite; without one, give "
+                                     "--set ppo.total_steps=N")
+    from lockstep_bench import learn
+
+    seeds = args.seeds or 5
+    out = Path(args.out or "bench-results/learn")
+    options = learn.LearnOptions(source=args.config or args.preset or config_lib.DEFAULT_PRESET,
+                                 seeds=list(range(1, seeds + 1)), overrides=args.set,
+                                 transport=args.transport, time_limit_s=args.time_limit_s)
+    parts = ["lockstep bench learn", f"--config {args.config}" if args.config else f"--preset {options.source}",
+             f"--seeds {seeds}", f"--out {out}"]
+    parts += [f"--transport {options.transport}"] if options.transport else []
+    parts += [f"--set {item}" for item in args.set]
+    parts += [f"--time-limit-s {args.time_limit_s:g}"] if args.time_limit_s else []
+    report = learn.run(options, out, " ".join(parts))
+    print((out / "learn.md").read_text())
+    print(f"wrote {out / 'learn.md'} and {out / 'learn.json'}")
+    return 1 if any(r["error"] for r in report["runs"]) else 0
+
+
+def _bench_learn_suite(args: argparse.Namespace) -> int:
+    from lockstep.observe import plot
+    from lockstep_bench import suites
+
+    seeds = args.seeds or suites.DEFAULT_SEEDS
+    options = suites.SuiteOptions(suite=args.suite, seeds=list(range(1, seeds + 1)), budget_scale=args.budget_scale,
+                                  overrides=args.set, transport=args.transport, time_limit_s=args.time_limit_s)
+    out = Path(args.out) if args.out else Path("bench-results") / f"learn-{args.suite.replace(',', '+')}"
+    parts = ["lockstep bench learn", f"--suite {args.suite}", f"--seeds {seeds}", f"--out {out}"]
+    parts += [f"--budget-scale {args.budget_scale:g}"] if args.budget_scale != 1.0 else []
+    parts += [f"--transport {options.transport}"] if options.transport else []
+    parts += [f"--set {item}" for item in args.set]
+    parts += [f"--time-limit-s {args.time_limit_s:g}"] if args.time_limit_s else []
+    try:
+        report = suites.run(options, out, " ".join(parts))
+    except plot.PlotUnavailable as err:
+        print(f"lockstep: {err}", file=sys.stderr)
+        return 2
+    print((out / "results.md").read_text())
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'} and a PNG per env")
+    return 1 if suites.failed(report) else 0
+
+
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    from lockstep_bench import soak
+
+    report = soak.run(soak.SoakOptions(minutes=args.minutes, kill_every_s=args.kill_every, seed=args.seed),
+                      Path(args.out))
+    width = max(map(len, report))
+    for key, value in report.items():
+        print(f"{key:<{width}}  {value}")
+    print(f"wrote {Path(args.out) / 'soak.json'}")
+    return 0 if soak.healthy(report) else 1
+
+
+def cmd_bench_repro(args: argparse.Namespace) -> int:
+    from lockstep_bench import repro
+
+    out = Path(args.out)
+    report = repro.run(repro.ReproOptions(config=args.config, seed=args.seed, iterations=args.iterations,
+                                          burners=args.burners), out)
+    print((out / "repro.md").read_text())
+    print(f"wrote {out / 'repro.md'} and {out / 'repro.json'}")
+    return 0 if report["identical"] else 1
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    from lockstep_bench import scale
+
+    opts = scale.ScaleOptions.quick() if args.quick else scale.ScaleOptions()
+    for name in ("sizes", "envs", "seconds", "phases", "steps_per_env", "actors_per_process"):
+        if getattr(args, name) is not None:
+            setattr(opts, name, getattr(args, name))
+    out = Path(args.out)
+    parts = ["lockstep bench scale", f"--out {out}", f"--sizes {','.join(map(str, opts.sizes))}",
+             f"--envs {','.join(map(str, opts.envs))}", f"--seconds {opts.seconds:g}"]
+    parts += [f"--phases {opts.phases}"] if opts.phases else []
+    parts += [f"--steps-per-env {opts.steps_per_env}", f"--actors-per-process {opts.actors_per_process}"]
+    rows = scale.run(opts, out, " ".join(parts))
+    print((out / "scale.md").read_text())
+    print(f"wrote {out / 'scale.md'} and {out / 'scale.json'}")
+    return 0 if not any(row["errors"] for row in rows) else 1
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``bench`` command and its subcommands, under the main parser's ``sub``."""
+    bench = sub.add_parser("bench", help="benchmarks; each writes a table and JSON to --out")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    p = bench_sub.add_parser("sync", help="the same workload once per synchronization strategy")
+    p.add_argument("--out", default="bench-results", help="folder for sync.md and sync.json")
+    p.add_argument("--quick", action="store_true", help="a small workload, under two minutes")
+    p.add_argument("--adversarial", action="store_true",
+                   help="random delays in inference, training and guards; more actors than inference threads")
+    p.add_argument("--strategies", nargs="+", choices=NAMES, help="subset to run (default: all)")
+    p.add_argument("--env")
+    p.add_argument("--actors", type=int)
+    p.add_argument("--envs-per-actor", type=int)
+    p.add_argument("--steps-per-env", type=int)
+    p.add_argument("--iterations", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--time-limit-s", type=float, help="per strategy")
+    p.set_defaults(func=cmd_bench_sync)
+
+    p = bench_sub.add_parser("throughput", help="env steps/s of the distributed modes against an in-process baseline")
+    p.add_argument("--out", default="bench-results/throughput",
+                   help="folder for throughput.md, throughput.json, configs/ and runs/")
+    p.add_argument("--quick", action="store_true", help="small step budgets, about four minutes on 2 cores")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="learner and baseline device")
+    p.add_argument("--configs", nargs="+", choices=list(THROUGHPUT_CONFIGS), help="subset to run (default: all)")
+    p.add_argument("--transports", nargs="+", choices=["inprocess", "shm", "grpc"],
+                   default=["inprocess", "shm", "grpc"],
+                   help="the transports each distributed mode runs over, side by side (default: all three)")
+    p.add_argument("--roundtrip-messages", type=int,
+                   help="messages per transport in the round-trip micro-benchmark (default 20,480 with --quick, "
+                        "else 102,400; 0 skips it)")
+    p.set_defaults(func=cmd_bench_throughput)
+
+    p = bench_sub.add_parser("learn", help="seconds and env steps to a return threshold, per seed: lockstep train "
+                                           "against the in-process baseline, interleaved; or, with --suite, the "
+                                           "final return of a suite of presets at their budgets")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--preset", choices=config_lib.preset_names(),
+                       help=f"preset to run (default {config_lib.DEFAULT_PRESET})")
+    which.add_argument("--config", metavar="FILE_OR_PRESET", help="a YAML config file (or a preset name) to run")
+    which.add_argument("--suite", metavar="NAME",
+                       help="train each preset of a suite for its whole budget, once per seed, and compare the "
+                            "final return with CleanRL's published figures: "
+                            + "; ".join(f"{name} ({', '.join(presets)})" for name, presets in SUITES.items())
+                            + "; or a comma-separated list of presets and YAML files. Writes results.md, "
+                              "results.json and a PNG of learning curves per env")
+    p.add_argument("--seeds", type=int, help="run seeds 1 to N (default 5; with --suite, 3 as CleanRL's tables)")
+    p.add_argument("--out", help="folder for the results (default bench-results/learn; with --suite, "
+                                 "bench-results/learn-SUITE)")
+    p.add_argument("--budget-scale", type=float, default=1.0,
+                   help="--suite: multiply each preset's ppo.total_steps by this (e.g. 0.01 for a quick look)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field in every run, e.g. --set ppo.total_steps=200000 (repeatable)")
+    p.add_argument("--time-limit-s", type=float,
+                   help="cap on each run's training time; without --suite, where the config sets no "
+                        "run.time_limit_s (default 120); with --suite, for every run (default: none)")
+    p.add_argument("--transport", choices=config_lib.TRANSPORTS,
+                   help="learner.transport of the distributed runs (default: the config's)")
+    p.set_defaults(func=cmd_bench_learn)
+
+    p = bench_sub.add_parser("soak", help="train while killing actors and once the learner; check the books")
+    p.add_argument("--minutes", type=float, default=3.0, help="training time, across the learner restart")
+    p.add_argument("--kill-every", type=float, default=12.0, help="mean seconds between actor kills")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default="bench-results/soak", help="folder for soak.json, soak.log and the run")
+    p.set_defaults(func=cmd_bench_soak)
+
+    p = bench_sub.add_parser("repro", help="the same strict run twice, once beside CPU burners; identical metrics?")
+    p.add_argument("--config", help="YAML config file (default: the built-in CartPole defaults)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--iterations", type=int, default=30, help="iterations of each run")
+    p.add_argument("--burners", type=int, default=1, help="CPU-burning processes beside the second run")
+    p.add_argument("--out", default="bench-results/repro", help="folder for repro.md, repro.json and the runs")
+    p.set_defaults(func=cmd_bench_repro)
+
+    p = bench_sub.add_parser("scale", help="one learner against 10 to 1,000 simulated gRPC actors: messages/s, "
+                                           "learner CPU per message, publish-to-release latency, memory per actor")
+    p.add_argument("--out", default="bench-results/scale", help="folder for scale.md, scale.json and runs/")
+    p.add_argument("--sizes", type=_int_list, help="actor counts (default 10,100,1000)")
+    p.add_argument("--envs", type=_int_list, help="envs per actor; every size runs with each (default 1,8)")
+    p.add_argument("--seconds", type=float, help="training seconds per size (default 20; 8 with --quick)")
+    p.add_argument("--phases", type=int, help="stop a size after this many phases, if sooner than --seconds")
+    p.add_argument("--steps-per-env", type=int, help="T (default 8)")
+    p.add_argument("--actors-per-process", type=int, help="simulated actors per client process (default 250)")
+    p.add_argument("--quick", action="store_true", help="8 s per size")
+    p.set_defaults(func=cmd_bench_scale)

@@ -1,0 +1,179 @@
+"""The actor: steps a Gymnasium vector env and lets the learner choose every action.
+
+It imports no torch: Gymnasium, numpy and gRPC only, so it starts fast and stays small.
+It reaches the learner over gRPC (``host:port``) or, on the learner's host, over shared memory
+(``unix:/path``); its loop is the same for both (``Connection.act``, ``LocalConnection.act``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from lockstep import envs as envs_lib
+from lockstep.common.backoff import Backoff
+from lockstep.transport import PROTOCOL
+from lockstep.transport import lockstep_pb2 as pb
+from lockstep.transport.grpc.client import Connection, LearnerClosed, LearnerRefused, Misconfigured
+from lockstep.transport.messages import StepData, space_to_proto
+from lockstep.transport.shm.client import LocalConnection
+from lockstep.transport.shm.layout import is_local
+
+log = logging.getLogger("lockstep.actor")
+
+
+@dataclass
+class ActorOptions:
+    learner: str = "127.0.0.1:50051"  # host:port (gRPC) or unix:/path (same host, shared memory)
+    env: str = "CartPole-v1"
+    num_envs: int = 1
+    actor_id: int = 0
+    connect_timeout: float = 60.0  # for each connection attempt
+    retry_for_s: float = 300.0  # keep reconnecting this long after the learner went away (0: never)
+    token: str | None = None
+    tls_ca: str | None = None
+    tls_server_name: str | None = None
+
+
+class EnvLoop:
+    """The actor's environments and what it must tell the learner about their last step."""
+
+    def __init__(self, vec, act_spec: envs_lib.SpaceSpec) -> None:
+        self.vec = vec
+        k = vec.num_envs
+        self.dtype, self.shape = act_spec.action_dtype, act_spec.element_shape
+        self.low = self.high = None
+        if act_spec.kind == "box":
+            self.low, self.high = act_spec.low.astype(np.float32), act_spec.high.astype(np.float32)
+        self.obs: np.ndarray | None = None
+        self.reward = np.zeros(k, np.float32)
+        self.terminated = np.zeros(k, bool)
+        self.truncated = np.zeros(k, bool)
+        self.final_index, self.final_obs = np.zeros(0, np.int64), None
+        self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
+
+    def reset(self, seeds: list[int]) -> None:
+        self.obs, _ = self.vec.reset(seed=seeds)
+        self.final_obs = np.zeros((0, *self.obs.shape[1:]), self.obs.dtype)
+
+    def forget_outcome(self) -> None:
+        """After a reconnect the learner has dropped the unroll the last outcome belongs to.
+
+        The finished episodes go too: the message that carried them may have reached the learner
+        before the connection broke, and reporting them again would count them twice (an episode
+        lost with an unreceived message is the lesser error: it only delays the statistics).
+        """
+        self.reward[:] = 0
+        self.terminated[:] = False
+        self.truncated[:] = False
+        self.final_index, self.final_obs = np.zeros(0, np.int64), self.final_obs[:0]
+        self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
+
+    def outcome(self) -> StepData:
+        """What the actor sends for the last step: its arrays as they are, read before the next ``step``."""
+        return StepData(self.obs, self.reward, self.terminated, self.truncated, self.final_index, self.final_obs,
+                        self.ep_return, self.ep_length)
+
+    def step(self, actions: np.ndarray) -> None:
+        if self.low is not None:
+            actions = np.clip(actions, self.low, self.high)  # the learner keeps the unclipped action
+        obs, reward, self.terminated, self.truncated, info = self.vec.step(actions)
+        self.obs = obs
+        self.reward = reward.astype(np.float32, copy=False)
+        # Same-step autoreset: `obs` already holds reset observations where an episode ended;
+        # a truncated episode's last observation is needed to bootstrap its value.
+        ended_by_time = self.truncated & ~self.terminated
+        if ended_by_time.any():
+            self.final_index = np.flatnonzero(ended_by_time).astype(np.int64)
+            self.final_obs = np.stack([info["final_obs"][i] for i in self.final_index]).astype(obs.dtype, copy=False)
+        else:
+            self.final_index, self.final_obs = np.zeros(0, np.int64), self.final_obs[:0]
+        if "episode" in info:
+            done = info["_episode"]
+            self.ep_return = np.asarray(info["episode"]["r"][done], np.float64)
+            self.ep_length = np.asarray(info["episode"]["l"][done], np.int64)
+        else:
+            self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
+
+
+def run(opts: ActorOptions) -> int:
+    """Connect, act until the learner finishes training, reconnecting if it goes away. Returns an exit code:
+    0 training finished, 1 no learner (any more), 2 the learner refused this actor or the actor's connection
+    settings cannot work with it (one log line names the cause and the flag that fixes it)."""
+    vec = envs_lib.make_vector_env(opts.env, opts.num_envs)
+    try:
+        return _run(opts, vec)
+    finally:
+        vec.close()
+
+
+def _run(opts: ActorOptions, vec) -> int:
+    obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space)
+    act_spec = envs_lib.SpaceSpec.from_space(vec.single_action_space)
+    loop = EnvLoop(vec, act_spec)
+    backoff = Backoff(base_s=0.5, cap_s=10.0, budget_s=opts.retry_for_s)
+    name = f"actor {opts.actor_id}"
+    while True:
+        hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex, num_envs=opts.num_envs,
+                         env_id=opts.env, observation_space=space_to_proto(obs_spec),
+                         action_space=space_to_proto(act_spec))
+        conn = None
+        try:
+            conn = _connect(opts, hello)
+            log.info("%s: connected to %s (learner run %s)", name, opts.learner, conn.welcome.learner_run)
+            backoff.reset()
+            if loop.obs is None:
+                loop.reset(envs_lib.env_seeds(conn.welcome.seed, opts.actor_id, opts.num_envs))
+            else:
+                loop.forget_outcome()
+            while True:
+                actions, _version = conn.act(loop.outcome())
+                loop.step(actions)
+        except LearnerClosed:
+            log.info("%s: the learner finished training", name)
+            return 0
+        except LearnerRefused as err:
+            log.error("%s: the learner at %s refused this actor: %s", name, opts.learner, err.message)
+            return 2
+        except Misconfigured as err:
+            log.error("%s: %s", name, err)
+            return 2
+        except ConnectionError as err:  # also what a transport makes of a lost learner
+            log.warning("%s: %s", name, err)
+        finally:
+            if conn is not None:
+                conn.close()
+        if not backoff.wait():
+            log.error("%s: no learner at %s for %.0f s; giving up", name, opts.learner, opts.retry_for_s)
+            return 1
+        log.info("%s: reconnecting to %s", name, opts.learner)
+
+
+def _connect(opts: ActorOptions, hello: pb.Hello) -> Connection | LocalConnection:
+    if is_local(opts.learner):  # same host: the socket's permissions stand in for a token and TLS
+        return LocalConnection(opts.learner, hello, connect_timeout=opts.connect_timeout)
+    return Connection.open(opts.learner, hello, connect_timeout=opts.connect_timeout, token=opts.token,
+                           tls_ca=opts.tls_ca, tls_server_name=opts.tls_server_name)
+
+
+def process_main(opts: ActorOptions, log_level: int = logging.INFO) -> None:
+    """Entry point of a local actor process started by ``lockstep train`` (spawned, never forked)."""
+    _die_with_parent()
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    raise SystemExit(run(opts))
+
+
+def _die_with_parent() -> None:
+    """On Linux, ask the kernel to end this process when its parent dies, so no actor is orphaned."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass

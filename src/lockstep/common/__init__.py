@@ -1,0 +1,1 @@
+"""Plumbing shared by both sides: atomic file writes, backoff."""

@@ -1,0 +1,255 @@
+"""Environments: building Gymnasium vector envs and describing their spaces.
+
+Imported by the actor, so it must not import torch.
+
+Env ids
+-------
+One string names an environment everywhere (``env.id`` in the config, ``lockstep actor --env``, the hello
+check). Schemes come first, then the other forms:
+
+- ``atari:GAME``: an ALE game with the DQN preprocessing (``lockstep.envs.atari``), e.g.
+  ``atari:PongNoFrameskip-v4``; observation Box(0, 255, (4, 84, 84), uint8), Discrete actions. Needs
+  ``pip install -e '.[atari]'``.
+- ``minatar:GAME``: a MinAtar game (``lockstep.envs.minatar``; asterix, breakout, freeway, seaquest,
+  space_invaders), e.g. ``minatar:breakout``; observation Box(0, 1, (C, 10, 10), uint8), Discrete actions,
+  episodes cut at 10,000 steps. Needs ``pip install -e '.[minatar]'``.
+- ``envpool:TASK``: an EnvPool Atari task as the actor's vector env, e.g. ``envpool:Breakout-v5``: the
+  same spaces and preprocessing as ``atari:BreakoutNoFrameskip-v4``, stepped in C++ threads
+  (``lockstep.envs.envpool``). Needs ``pip install -e '.[envpool]'``.
+- ``masked:ENV``: a control env with its velocities hidden (``lockstep.envs.masked``), e.g.
+  ``masked:CartPole-v1``: observation Box((2,), float32), cart position and pole angle.
+- a registered Gymnasium id, e.g. ``CartPole-v1``, or ``module:EnvId`` (the module registers it).
+- ``package.module:callable``: a function that returns a ``gym.Env``.
+
+Episode statistics
+------------------
+Every env records its own episodes (Gymnasium's ``RecordEpisodeStatistics``, ``make_env``): outermost for
+most envs, and below episodic life and reward clipping for Atari, so that a reported return is the raw
+score of a whole game. ``make_vector_env`` brings them to the top of the vector env's infos
+(``FinishedEpisodes``), where the actor reads them.
+
+``make_env(env_id, training=False)`` is the env to evaluate a policy on: for ``atari:`` ids one episode per
+game and unclipped rewards; every other id is the same env as for training.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from lockstep.envs import envpool as envpool_backend
+from lockstep.envs.atari import make_atari
+from lockstep.envs.masked import make_masked
+from lockstep.envs.minatar import make_minatar
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """What the learner and the actor must agree on about one space."""
+
+    kind: str  # "discrete" or "box"
+    shape: tuple[int, ...]
+    dtype: str
+    n: int = 0  # discrete only
+    low: np.ndarray | None = field(default=None, compare=False)  # box only
+    high: np.ndarray | None = field(default=None, compare=False)  # box only
+
+    @classmethod
+    def from_space(cls, space: gym.Space) -> SpaceSpec:
+        if isinstance(space, gym.spaces.Discrete):
+            if int(space.start) != 0:
+                raise ValueError(f"Discrete spaces must start at 0, got start={space.start}")
+            return cls("discrete", (), np.dtype(space.dtype).name, n=int(space.n))
+        if isinstance(space, gym.spaces.Box):
+            return cls(
+                "box", tuple(space.shape), np.dtype(space.dtype).name,
+                low=np.asarray(space.low), high=np.asarray(space.high),
+            )
+        raise ValueError(f"unsupported space {space}: lockstep handles Discrete and Box spaces")
+
+    @property
+    def discrete(self) -> bool:
+        return self.kind == "discrete"
+
+    @property
+    def action_dtype(self) -> np.dtype:
+        """The dtype actions from this space travel and are stored in: int64 for Discrete, float32 for Box."""
+        return np.dtype(np.int64) if self.discrete else np.dtype(np.float32)
+
+    @property
+    def element_shape(self) -> tuple[int, ...]:
+        """The shape of one value: () for Discrete, the Box's shape otherwise."""
+        return () if self.discrete else tuple(self.shape)
+
+    def describe(self) -> str:
+        if self.kind == "discrete":
+            return f"Discrete({self.n})"
+        return f"Box(shape={self.shape}, dtype={self.dtype})"
+
+    def mismatch(self, other: SpaceSpec) -> str | None:
+        """A description of how ``other`` differs from this spec, or None if they agree."""
+        if (self.kind, self.shape, self.dtype, self.n) != (other.kind, other.shape, other.dtype, other.n):
+            return f"{other.describe()} does not match {self.describe()}"
+        if self.kind == "box" and not (
+            np.array_equal(self.low, other.low) and np.array_equal(self.high, other.high)
+        ):
+            return (f"bounds of {other.describe()} differ: low {other.low} high {other.high}, "
+                    f"expected low {self.low} high {self.high}")
+        return None
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    env_id: str
+    observation: SpaceSpec
+    action: SpaceSpec
+
+
+# scheme -> make(name, training=True, **kwargs): the env of the id "scheme:name"
+SCHEMES: dict[str, Callable[..., gym.Env]] = {
+    "atari": make_atari, "minatar": make_minatar, "masked": make_masked,
+    # one env of an EnvPool task is its Gymnasium twin (same spaces, same preprocessing); vector envs are EnvPool's
+    "envpool": lambda task, **kwargs: make_atari(envpool_backend.gymnasium_id(task).partition(":")[2], **kwargs),
+}
+
+
+def resolve_env(env_id: str) -> Callable[..., gym.Env]:
+    """Return a factory for ``env_id`` (module docstring): ``scheme:name``, a registered Gymnasium id or
+    ``package.module:callable``. A scheme's factory takes ``training`` and checks the name when called."""
+    module_name, _, attr = env_id.partition(":")
+    if module_name in SCHEMES:
+        return functools.partial(SCHEMES[module_name], attr)
+    if attr.isidentifier():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise ValueError(f"cannot import module {module_name!r} for env entry point {env_id!r}: {err}") from err
+        try:
+            factory = getattr(module, attr)
+        except AttributeError as err:
+            raise ValueError(f"module {module_name!r} has no callable {attr!r} (env entry point {env_id!r})") from err
+        return factory
+    if ":" not in env_id and env_id not in gym.registry:
+        raise ValueError(
+            f"unknown environment {env_id!r}: not a registered Gymnasium id and not a "
+            "'package.module:callable' entry point"
+        )
+    return lambda **kwargs: gym.make(env_id, **kwargs)
+
+
+def reward_threshold(env_id: str) -> float | None:
+    """The return at which ``env_id`` counts as solved: the ``reward_threshold`` of its Gymnasium
+    registration (CartPole-v1: 475.0), or None for an id without one, an unregistered id and a
+    ``package.module:callable`` entry point. ``masked:ENV`` keeps ENV's; atari and minatar ids have none."""
+    module_name, _, name = env_id.partition(":")
+    if module_name == "masked":
+        return reward_threshold(name)
+    if module_name in SCHEMES:
+        return None
+    if name and not name.isidentifier():  # "module:EnvId": gym.make imports the module, which registers EnvId
+        try:
+            importlib.import_module(module_name)
+        except ImportError:
+            return None
+        env_id = name
+    spec = gym.registry.get(env_id)
+    if spec is None or spec.reward_threshold is None:
+        return None
+    return float(spec.reward_threshold)
+
+
+def make_env(env_id: str, training: bool = True, **kwargs) -> gym.Env:
+    """One env of ``env_id`` that records its episodes: ``info["episode"]`` (``r`` return, ``l`` length, ``t``
+    seconds) on the last step of each. ``training=False``: the env to evaluate a policy on (for ``atari:``
+    ids no episodic life and no reward clipping; the same env for every other id). ``kwargs`` go to the
+    factory (``gym.make`` for a registered id), e.g. ``render_mode="rgb_array"``."""
+    scheme, _, name = env_id.partition(":")
+    env = SCHEMES[scheme](name, training=training, **kwargs) if scheme in SCHEMES else resolve_env(env_id)(**kwargs)
+    return env if _records_episodes(env) else RecordEpisodes(env)
+
+
+class RecordEpisodes(gym.wrappers.RecordEpisodeStatistics):
+    """Gymnasium's episode recorder, through which the public attributes of the env it wraps stay readable,
+    so that a vector env's ``envs[i]`` still shows those of the env its factory made."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "env":  # also while unpickling, before ``env`` is set
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+def wrapper_types(env: gym.Env) -> list[type]:
+    """The classes of ``env``'s wrappers, outermost first."""
+    found = []
+    while isinstance(env, gym.Wrapper):
+        found.append(type(env))
+        env = env.env
+    return found
+
+
+def _records_episodes(env: gym.Env) -> bool:
+    """Whether a wrapper of ``env`` already records episodes (a second one would fail on its first episode)."""
+    return any(issubclass(t, gym.wrappers.RecordEpisodeStatistics) for t in wrapper_types(env))
+
+
+class FinishedEpisodes(gym.vector.VectorWrapper):
+    """A vector env that reports the episodes that ended in each step in ``infos["episode"]`` (``r``, ``l``,
+    ``t``: arrays over the envs) and ``infos["_episode"]`` (which envs ended one), and counts them in
+    ``episode_count``.
+
+    Each env records its own (``make_env``). With same-step autoreset the vector env files the info of an
+    episode's last step under ``infos["final_info"]``, since the reset's info takes its place; this wrapper
+    lifts the statistics from there.
+    """
+
+    def __init__(self, env: gym.vector.VectorEnv) -> None:
+        super().__init__(env)
+        self.episode_count = 0
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, infos = self.env.step(actions)
+        final = infos.get("final_info", {})
+        if "episode" in final:
+            infos["episode"], infos["_episode"] = final["episode"], final["_episode"]
+            self.episode_count += int(final["_episode"].sum())
+        return obs, reward, terminated, truncated, infos
+
+
+def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    """A synchronous vector env of ``make_env(env_id)`` that resets finished episodes in the same step.
+
+    Same-step autoreset means every observation sent to the learner is one to act
+    on, and a truncated episode's last observation arrives in ``infos["final_obs"]``.
+    Finished episodes are reported in ``infos["episode"]`` (``FinishedEpisodes``).
+    """
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+    scheme, _, name = env_id.partition(":")
+    if scheme == "envpool":  # EnvPool steps the envs in C++ threads, with the same-step semantics (wrappers/envpool.py)
+        return envpool_backend.EnvpoolVector(name, num_envs)
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: make_env(env_id) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    return FinishedEpisodes(envs)
+
+
+def env_spec(env_id: str) -> EnvSpec:
+    """The spaces of one environment of ``env_id``."""
+    env: Any = resolve_env(env_id)()
+    try:
+        return EnvSpec(env_id, SpaceSpec.from_space(env.observation_space), SpaceSpec.from_space(env.action_space))
+    finally:
+        env.close()
+
+
+def env_seeds(run_seed: int, actor_id: int, num_envs: int) -> list[int]:
+    """Distinct, reproducible reset seeds for the envs of one actor."""
+    seq = np.random.SeedSequence([run_seed, actor_id])
+    return [int(s) for s in seq.generate_state(num_envs, dtype=np.uint32)]

@@ -1,0 +1,311 @@
+"""``lockstep train --launcher ray``: the learner in this process (Ray's driver), the actors as Ray actors.
+
+Ray places each actor (``env.ray_cpus_per_actor`` CPUs), restarts one whose worker process dies (at most
+``env.actor_restarts`` times; a restarted actor says hello with a new run id, so the learner drops its
+unfinished unroll and counts it) and forwards the actors' log lines to this process's stderr. The actors
+reach the learner over gRPC, with its token and TLS when configured, whatever ``learner.transport`` says:
+a Ray actor may run on another machine.
+
+Where Ray runs
+    No address (``env.ray_address``, else ``$RAY_ADDRESS``): a Ray instance is started on this host for the
+    run and stopped after it. It advertises 127.0.0.1, starts no dashboard, sends no usage statistics, gets
+    a token of its own (unless ``RAY_AUTH_*`` is set), and keeps its temporary files in a short folder under
+    the temp directory (its unix sockets must fit in 107 bytes, which a run directory rarely leaves room
+    for); its logs are copied to ``RUN_DIR/ray-logs/`` when it stops. With an address (``HOST:6379``,
+    ``auto``) this process joins that cluster, of which this host must be a node, and at the end kills the
+    actors it created and disconnects.
+
+Restarts
+    A Ray actor runs its calls in order. The driver calls ``where`` and then ``run``; when a worker dies,
+    ``run`` fails, and while training goes on the driver calls ``where`` and ``run`` again: both wait for
+    Ray's restart. ``where`` answering counts one restart; ``where`` failing means Ray could not bring the
+    actor back (its restarts are spent, or it cannot start), and the actor is gone for good.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lockstep.actor import ActorOptions
+from lockstep.config import Config, ConfigError
+from lockstep.launch.ray_actor import RayActor
+from lockstep.transport.grpc import security
+
+log = logging.getLogger("lockstep.train")
+
+INSTALL = "pip install -e '.[ray]'"
+PLACEMENT_WARNING_S = 60.0  # an actor Ray has not placed after this long is logged, with the free CPUs
+_UNIX_PATH_MAX = 107
+_SOCKET_TAIL = len("/lockstep-ray-xxxxxxxx/session_2000-01-01_00-00-00_000000_4194304/sockets/plasma_store")
+_WILDCARDS = ("", "0.0.0.0", "::")
+_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+@dataclass
+class _Actor:
+    actor_id: int
+    handle: Any
+    where: Any = None  # the pending `where` call
+    run: Any = None  # the pending `run` call
+    answered: bool = False  # `where` answered since the last `run` was called
+    died: bool = False  # the last `run` failed: the next answer to `where` is a restart
+    pid: int | None = None
+    host: str = ""
+    restarts: int = 0
+    gone: bool = False  # returned from `run`, or dead for good
+
+
+class RayActors:
+    """The actors of one run on Ray: ``connect``, ``start``, then ``check`` while the learner trains, then
+    ``stop``. ``check``, ``all_exited``, ``restarts`` and ``stop`` mean what they mean for
+    ``launch.ActorSupervisor``."""
+
+    def __init__(self, config: Config, run_dir: Path, token: str | None) -> None:
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError(f"env.launcher is ray, but Ray is not installed: {INSTALL}")
+        env = config.env
+        self.config, self.run_dir, self.token = config, run_dir, token
+        self.address = env.ray_address or os.environ.get("RAY_ADDRESS", "")
+        if "://" in self.address:
+            raise ConfigError(f"env.ray_address {self.address!r}: Ray Client addresses are not supported; run "
+                              "lockstep train on a node of the cluster and give the cluster's address (HOST:6379) "
+                              "or auto")
+        needed = env.actors * env.ray_cpus_per_actor
+        self.num_cpus = env.ray_num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
+        if not self.address and self.num_cpus < needed:
+            raise ConfigError(f"env.ray_num_cpus={self.num_cpus} cannot place {env.actors} actors of "
+                              f"{env.ray_cpus_per_actor} CPUs each: raise env.ray_num_cpus or lower "
+                              "env.ray_cpus_per_actor")
+        self.actors: list[_Actor] = []
+        self._ray: Any = None
+        self._own = False  # this launcher started the Ray instance (and stops it)
+        self._connected = False  # this launcher connected to Ray (and disconnects)
+        self._temp_dir: str | None = None
+        self._environ: list[str] = []  # variables set here for Ray, removed again at the end
+        self._started = 0.0
+        self._warned = False
+
+    @property
+    def restarts(self) -> int:
+        return sum(a.restarts for a in self.actors)
+
+    def start(self, port: int) -> None:
+        """Create the actors, which connect to the learner at ``port``."""
+        ray = self._ray
+        address = self._learner_address(port)
+        env, learner = self.config.env, self.config.learner
+        if learner.transport != "grpc":
+            log.info("learner.transport is %s, which applies to local actors; Ray actors connect over gRPC",
+                     learner.transport)
+        ca = Path(learner.tls_cert).read_bytes() if learner.tls_cert else None  # the actors trust this chain
+        remote = ray.remote(num_cpus=env.ray_cpus_per_actor, max_restarts=env.actor_restarts,
+                            max_task_retries=0)(RayActor)  # calls are not retried: `check` calls `run` again
+        level = logging.getLogger().getEffectiveLevel()
+        for i in range(env.actors):
+            options = ActorOptions(learner=address, env=env.id, num_envs=env.envs_per_actor, actor_id=i,
+                                   token=self.token, tls_server_name="localhost" if ca and self._own else None)
+            actor = _Actor(i, remote.remote(options, level, ca))
+            self._call(actor)
+            self.actors.append(actor)
+        self._started = time.monotonic()
+        where = (f"a Ray instance on this host with {self.num_cpus} CPUs (its files in {self._temp_dir})" if self._own
+                 else f"the Ray cluster at {ray.get_runtime_context().gcs_address}: "
+                      f"{sum(1 for n in ray.nodes() if n.get('Alive'))} node(s), "
+                      f"{ray.cluster_resources().get('CPU', 0):g} CPUs")
+        log.info("run directory %s; %d Ray actor(s) x %d env(s) at %s, on %s",
+                 self.run_dir, env.actors, env.envs_per_actor, address, where)
+
+    def check(self, training: bool) -> None:
+        """Note what the actors' calls answered; call ``run`` again on an actor Ray restarts while training."""
+        pending = [ref for a in self.actors if not a.gone for ref in (a.where, a.run) if ref is not None]
+        if not pending:
+            return
+        ready, _ = self._ray.wait(pending, num_returns=len(pending), timeout=0)
+        done = set(ready)
+        for actor in self.actors:
+            if actor.where is not None and actor.where in done:
+                self._answered(actor)
+            if actor.run is not None and actor.run in done:
+                self._returned(actor, training)
+        self._warn_unplaced()
+
+    def all_exited(self) -> bool:
+        return all(a.gone for a in self.actors)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Give the actors ``grace_s`` to return from ``run`` (training is over), then kill them; stop the
+        Ray instance started here, or disconnect from the cluster."""
+        ray = self._ray
+        try:
+            if ray is not None:
+                pending = [a.run for a in self.actors if a.run is not None and not a.gone]
+                if pending:
+                    ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+                self.check(training=False)
+                for actor in self.actors:
+                    ray.kill(actor.handle, no_restart=True)
+        finally:
+            if ray is not None and self._connected:
+                ray.shutdown()
+            self._ray = None
+            self._keep_logs()
+            for key in self._environ:
+                os.environ.pop(key, None)
+            self._environ = []
+
+    # -- the actors' calls ------------------------------------------------------------
+
+    def _call(self, actor: _Actor) -> None:
+        actor.where, actor.run, actor.answered = actor.handle.where.remote(), actor.handle.run.remote(), False
+
+    def _answered(self, actor: _Actor) -> None:
+        ref, actor.where = actor.where, None
+        try:
+            actor.pid, actor.host = self._ray.get(ref)
+        except self._ray.exceptions.RayActorError:
+            return  # it did not come back: its `run` fails too, and `_returned` says so
+        actor.answered = True
+        if actor.died:
+            actor.died = False
+            actor.restarts += 1
+            log.warning("actor %d restarted by Ray (restart %d of at most %d): worker pid %d on %s",
+                        actor.actor_id, actor.restarts, self.config.env.actor_restarts, actor.pid, actor.host)
+        else:
+            log.info("actor %d runs in Ray worker pid %d on %s", actor.actor_id, actor.pid, actor.host)
+
+    def _returned(self, actor: _Actor, training: bool) -> None:
+        ref, actor.run = actor.run, None
+        try:
+            code = self._ray.get(ref)
+        except self._ray.exceptions.RayActorError as err:
+            if actor.where is not None:  # `where` ran before `run`: its answer is on its way, if it has one
+                self._ray.wait([actor.where], timeout=10.0)
+                self._answered(actor)
+            reason = str(err).strip().splitlines()[0]
+            limit = self.config.env.actor_restarts
+            if not actor.answered:
+                actor.gone = True
+                log.error("actor %d is gone: Ray could not %s it (%s)", actor.actor_id,
+                          "restart" if actor.died else "start", reason)
+            elif not training:
+                actor.gone = True
+            elif actor.restarts >= limit:
+                actor.gone = True
+                log.error("actor %d died (worker pid %s on %s) and has used its %d restarts: %s",
+                          actor.actor_id, actor.pid, actor.host, limit, reason)
+            else:
+                actor.died = True
+                log.warning("actor %d died (worker pid %s on %s): %s; Ray restarts it",
+                            actor.actor_id, actor.pid, actor.host, reason)
+                self._call(actor)
+            return
+        actor.gone = True
+        if code == 0:
+            log.info("actor %d finished", actor.actor_id)
+        else:
+            log.error("actor %d exited with code %d (1: no learner; 2: refused, see its log above)",
+                      actor.actor_id, code)
+
+    def _warn_unplaced(self) -> None:
+        if self._warned or time.monotonic() - self._started < PLACEMENT_WARNING_S:
+            return
+        waiting = [a.actor_id for a in self.actors if a.pid is None and not a.gone]
+        if waiting:
+            self._warned = True
+            free = self._ray.available_resources().get("CPU", 0)
+            log.warning("Ray has not placed actor(s) %s after %.0f s: each needs %g CPUs, the cluster has %g free "
+                        "(env.ray_cpus_per_actor)", waiting, PLACEMENT_WARNING_S,
+                        self.config.env.ray_cpus_per_actor, free)
+
+    # -- Ray itself -------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Start a Ray instance on this host, or join the cluster at the address. Call it before the learner
+        starts serving: ``ray.init`` forks, and gRPC's threads do not survive a fork."""
+        self._own = not self.address
+        settings = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}  # dedup would merge actors' lines
+        if self._own or security.is_loopback(self.address.rpartition(":")[0]):
+            # Read when ray is imported. Without it Ray replaces 127.0.0.1 with the host's outside address: the
+            # instance started here would advertise that, and a head on loopback could not be joined.
+            settings["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        if self._own:
+            if not any(key in os.environ for key in _AUTH_VARIABLES):  # else Ray writes one to ~/.ray/auth_token
+                settings.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+        for key, value in settings.items():
+            if key not in os.environ:
+                os.environ[key] = value
+                self._environ.append(key)
+        import ray
+
+        self._ray = ray
+        if ray.is_initialized():  # the caller's own connection (Python API): use it, leave it open
+            self._own = False
+            return
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
+        try:
+            if self._own:
+                self._temp_dir = _short_temp_dir()
+                ray.init(address="local", num_cpus=self.num_cpus, _node_ip_address="127.0.0.1",
+                         include_dashboard=False, _temp_dir=self._temp_dir, log_to_driver=True)
+            else:
+                ray.init(address=self.address, log_to_driver=True)
+            self._connected = True
+        except BaseException:
+            self._connected = ray.is_initialized()
+            self.stop()
+            raise
+        finally:
+            if main:  # ray.init replaces it with one that exits at once; lockstep's stops the run in order
+                signal.signal(signal.SIGTERM, sigterm)
+
+    def _learner_address(self, port: int) -> str:
+        """Where the actors reach the learner: ``learner.listen``'s host, or for a wildcard, this host's
+        address as Ray knows it (127.0.0.1 on a Ray instance started here)."""
+        listen = self.config.learner.listen
+        host = security.split_address(listen)[0].strip("[]")
+        here = self._ray.util.get_node_ip_address()
+        if host in _WILDCARDS:
+            host = here
+        elif not self._own and security.is_loopback(host):
+            others = sorted({n["NodeManagerAddress"] for n in self._ray.nodes() if n.get("Alive")} - {here})
+            if others:
+                raise ConfigError(f"the learner listens on {listen}, which the Ray nodes at {', '.join(others)} "
+                                  "cannot reach: listen on an address they can, e.g. --listen 0.0.0.0:50051, "
+                                  "with --token (docs/cluster.md)")
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def _keep_logs(self) -> None:
+        """Copy the logs of the Ray instance started here into the run directory; remove its temporary files."""
+        if self._temp_dir is None:
+            return
+        session = Path(self._temp_dir) / "session_latest"
+        try:
+            if (session / "logs").is_dir():
+                target = self.run_dir / "ray-logs" / session.resolve().name
+                shutil.copytree(session / "logs", target, dirs_exist_ok=True)
+                log.info("Ray's logs (the actors' in worker-*.err) are in %s", target)
+        except OSError as err:
+            log.warning("could not copy Ray's logs from %s: %s", session, err)
+        shutil.rmtree(self._temp_dir, ignore_errors=True)
+        self._temp_dir = None
+
+
+def _short_temp_dir() -> str:
+    """A fresh folder for Ray's temporary files, short enough for the unix sockets Ray makes inside it."""
+    parent = tempfile.gettempdir()
+    if len(parent) + _SOCKET_TAIL > _UNIX_PATH_MAX:
+        parent = "/tmp"
+    return tempfile.mkdtemp(prefix="lockstep-ray-", dir=parent)

@@ -1,0 +1,2 @@
+"""The learner: sessions, backends, batched inference, rollouts, training and checkpoints,
+wired together by ``wiring.Learner``."""

@@ -1,0 +1,278 @@
+"""Actor sessions: one per connected actor, whatever transport carries its messages.
+
+``Sessions`` is what a transport talks to (``transport.protocol.ActorHandler``):
+it checks each hello against the learner's spaces, keeps one session per actor id
+and retires run ids whose connection ended. A ``Session`` turns one actor's steps
+into gate requests, forward passes and unroll records.
+
+Run ids: every actor start or reconnect says hello with a new run id. A hello with
+a known actor id and a new run id *replaces* the old session (its unfinished unroll
+is dropped and counted): the actor noticed a broken connection before the learner
+did. The replaced connection, if it is still alive (two actors given the same id),
+is refused on its next step with a message that says so. A run id whose connection
+ended can never come back, so a replayed hello is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from lockstep.algo import noise
+from lockstep.envs import EnvSpec
+from lockstep.learner.backends import InferenceBackend
+from lockstep.learner.rollout import PhaseStore, Unroll
+from lockstep.observe.metrics import EpisodeTracker
+from lockstep.observe.report import Clock, Counters, ReleaseLatency
+from lockstep.sync import Admission, AdmissionGate
+from lockstep.transport import PROTOCOL
+from lockstep.transport.messages import HelloInfo, StepData
+from lockstep.transport.protocol import (
+    ALREADY_EXISTS,
+    FAILED_PRECONDITION,
+    INVALID_ARGUMENT,
+    UNAVAILABLE,
+    Refused,
+    Reply,
+    Welcome,
+)
+
+log = logging.getLogger("lockstep.learner.wiring")
+
+
+class Sessions:
+    """The connected actors of one learner; accepts and ends their sessions on the event loop."""
+
+    def __init__(self, spec: EnvSpec, welcome: Welcome, steps_per_phase: int, gate: AdmissionGate,
+                 backend: InferenceBackend, phases: PhaseStore, counters: Counters, episodes: EpisodeTracker,
+                 clock: Clock) -> None:
+        self.spec, self.welcome, self.steps_per_phase = spec, welcome, steps_per_phase
+        self.gate, self.backend, self.phases = gate, backend, phases
+        self.counters, self.episodes, self.clock = counters, episodes, clock
+        self.slot_counters: dict[int, int] = {}  # actor id -> steps taken: its slots' noise counter
+        self.finished = False
+        self._live: dict[int, Session] = {}
+        self._retired_runs: set[str] = set()  # run ids of connections that ended: a replayed hello is refused
+        self.releases = ReleaseLatency()  # per phase: publish -> the last held request resumed (summary.json)
+
+    @property
+    def actor_ids(self) -> list[int]:
+        return sorted(self._live)
+
+    def describe(self, actor_ids: list[int]) -> str:
+        """"actor 3 (8 slots), ..." for the connected ones of ``actor_ids`` (the watchdog's message)."""
+        return ", ".join(f"actor {m} ({self._live[m].num_envs} slots)" for m in actor_ids if m in self._live)
+
+    def connect(self, hello: HelloInfo) -> tuple[Session, Welcome]:
+        """Accept an actor (``transport.protocol.ActorHandler``) or raise ``Refused`` naming the problem."""
+        if hello.protocol != PROTOCOL:
+            raise Refused(FAILED_PRECONDITION, f"actor speaks protocol {hello.protocol}, the learner {PROTOCOL}; "
+                          "run the same lockstep version on both")
+        problems = []
+        for what, ours, theirs in (("observation space", self.spec.observation, hello.observation),
+                                   ("action space", self.spec.action, hello.action)):
+            diff = ours.mismatch(theirs)
+            if diff:
+                problems.append(f"{what} {diff} for {self.spec.env_id}")
+        if problems:
+            raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id} ({hello.env_id}): " + "; ".join(problems))
+        if hello.num_envs < 1:
+            raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id}: num_envs must be >= 1")
+        if hello.run_id in self._retired_runs:
+            raise Refused(FAILED_PRECONDITION, f"actor {hello.actor_id}: run id {hello.run_id} has ended and cannot "
+                          "rejoin; a restarted actor says hello with a new run id")
+        old = self._live.get(hello.actor_id)
+        if old is not None and old.run_id == hello.run_id:
+            raise Refused(ALREADY_EXISTS, f"actor id {hello.actor_id} is already connected with run id "
+                          f"{hello.run_id}; give each actor a distinct --actor-id")
+        if self.finished:
+            raise Refused(UNAVAILABLE, "training is over")
+        if old is not None:
+            dropped = self.disconnect(old, replaced_by=hello.run_id)
+            log.warning("actor %d reconnected (run %s replaces run %s); %d transition(s) of its unfinished "
+                        "unroll dropped", hello.actor_id, hello.run_id[:8], old.run_id[:8], dropped)
+        session = Session(self, hello)
+        self._live[hello.actor_id] = session
+        # the backend learns the actor's slots before the gate can admit anything: a join that starts
+        # the first phase releases requests, and their first pass must already have the full layout
+        self.backend.join(hello.actor_id, hello.num_envs)
+        self.gate.join(hello.actor_id, weight=hello.num_envs)
+        if not self.clock.started and self.gate.started:  # the first phase starts: training time counts from here
+            self.clock.start()
+            self.phases.restart_timer()
+        log.info("actor %d joined with %d env(s) (run %s)", hello.actor_id, hello.num_envs, hello.run_id[:8])
+        return session, self.welcome
+
+    def disconnect(self, session: Session, replaced_by: str | None = None) -> int:
+        """End ``session``: leave the gate, drop its unfinished unroll; return the transitions dropped."""
+        if self._live.get(session.member) is not session:
+            return 0
+        del self._live[session.member]
+        self.backend.leave(session.member)
+        self._retired_runs.add(session.run_id)
+        _, closed = self.gate.leave(session.member)
+        dropped = session.drop_unfinished()
+        session.replaced_by = replaced_by
+        session.cancel_wait()
+        self.phases.close(closed)
+        if replaced_by is None and not self.finished:
+            log.info("actor %d left; %d transition(s) of its unfinished unroll dropped", session.member, dropped)
+        return dropped
+
+    async def watchdog(self, stall_s: float) -> None:
+        """Log, once per phase, which actors a phase waits for when it collects for longer than ``stall_s``."""
+        warned_phase = -1
+        while True:
+            await asyncio.sleep(min(1.0, stall_s / 2))
+            phase = self.gate.oldest_open
+            if self.clock.started and self.phases.collecting_s() > stall_s and warned_phase != phase:
+                warned_phase = phase
+                log.warning("phase %d has collected for more than %.0f s; waiting for %s",
+                            phase, stall_s, self.describe(self.gate.waiting_for()) or "actors to connect")
+
+    def publish(self, version: int) -> None:
+        """Release the requests held for ``version`` (``gate.publish``), timing their release for ``releases``.
+
+        Called by the trainer thread once the backend serves ``version``; the stamp comes first, so every
+        resumption it causes is measured from it."""
+        self.releases.published(version)
+        self.gate.publish(version)
+
+    def expected_requests(self) -> int:
+        """Requests that may arrive soon: every connected actor that is not held."""
+        return max(1, len(self._live) - self.gate.held_count())
+
+    def finish(self) -> None:
+        """Training is over: every held request is answered with 'training is over'."""
+        self.finished = True
+        for session in self._live.values():
+            session.cancel_wait()
+
+
+class Session:
+    """One actor's connection: records what its envs did and asks the gate and the backend for actions."""
+
+    def __init__(self, sessions: Sessions, hello: HelloInfo) -> None:
+        self.sessions = sessions
+        self.member = hello.actor_id
+        self.run_id = hello.run_id
+        self.num_envs = hello.num_envs
+        self.keys = noise.slot_keys(sessions.welcome.seed, hello.actor_id, hello.num_envs)
+        self.counter = sessions.slot_counters.get(hello.actor_id, 0)  # continues across reconnects and resumes
+        self.first_counter = self.counter
+        self.unroll: Unroll | None = None
+        self.last_step: int | None = None  # step of the unroll the last action was recorded at
+        self.pending: tuple[Admission, np.ndarray] | None = None  # admitted, not yet answered (a retry)
+        # Recurrent policies: each slot's state, kept here between requests (SEED's design). A new session
+        # (a new run id: an actor that started or reconnected) starts from zeros; an episode's end resets it.
+        size = sessions.backend.state_size
+        self.state = np.zeros((self.num_envs, size), np.float32) if size else None
+        self.replaced_by: str | None = None  # run id of the connection that replaced this one
+        spec = sessions.spec
+        self._shapes = (spec.observation.shape, np.dtype(spec.observation.dtype),
+                        spec.action.element_shape, spec.action.action_dtype)
+        self._held: asyncio.Future | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    async def step(self, data: StepData) -> Reply | None:
+        sessions = self.sessions
+        self._check_replaced()
+        if sessions.finished:
+            return None
+        if self.pending is None:
+            admission = await self._admit(data)
+            self._check_replaced()
+            if admission is None:
+                return None
+            counters = np.full(self.num_envs, self.counter, np.uint64)
+            self.counter += 1
+            sessions.slot_counters[self.member] = self.counter
+            self.pending = (admission, counters)
+            if self.state is not None:  # the observation of a slot whose episode just ended starts a new one
+                self.state = np.where((data.terminated | data.truncated)[:, None], np.float32(0), self.state)
+        admission, counters = self.pending
+        state_in = self.state
+        out = await sessions.backend.infer(self.member, data.obs, self.keys, counters, state_in)
+        self._check_replaced()
+        if out is None:  # an in-place strategy answered "no action": the actor sends this step again
+            return Reply(None, admission.version)
+        self.pending = None
+        self.state = out.state
+        if admission.step == 0:
+            self.unroll = Unroll(self.member, self.num_envs, sessions.steps_per_phase, *self._shapes,
+                                 initial_state=state_in)
+        self.unroll.record_action(admission.step, data.obs, out.actions, out.logprobs, out.values, out.version)
+        sessions.counters.transitions_collected += self.num_envs
+        self.last_step = admission.step
+        return Reply(out.actions, out.version)
+
+    def _check_replaced(self) -> None:
+        if self.replaced_by is not None:
+            raise Refused(FAILED_PRECONDITION,
+                          f"actor {self.member}: this connection (run {self.run_id}) was replaced by a newer one "
+                          f"with the same actor id (run {self.replaced_by}); if two actors share --actor-id, "
+                          "give each a distinct one")
+
+    async def _admit(self, data: StepData) -> Admission | None:
+        """Record the outcome of the previous action, then ask the gate (waiting while held)."""
+        sessions = self.sessions
+        if self.last_step is not None:
+            self.unroll.record_outcome(self.last_step, data.reward, data.terminated, data.truncated,
+                                       data.final_index, data.final_obs)
+        if self.counter > self.first_counter:
+            sessions.counters.collected_steps += self.num_envs
+        # Key (step counter, actor id): the order a single process stepping every slot would see, whatever
+        # order the messages arrive in. self.counter is the number of this actor's requests admitted so
+        # far, so this message's episodes ended in the step with counter self.counter - 1.
+        sessions.episodes.add(data.episode_return, data.episode_length, sessions.counters.collected_steps,
+                              sessions.clock.wall_s, key=(self.counter, self.member))
+
+        self._loop = asyncio.get_running_loop()  # where _release sends the admission
+        result = sessions.gate.request(self.member, self._release)
+        if result.completed is not None:
+            self.unroll.finish(data.obs)
+            sessions.phases.add(result.completed, self.unroll)
+            self.unroll, self.last_step = None, None
+        if result.closed:
+            sessions.phases.close(result.closed)
+        if result.admission is not None:
+            return result.admission
+        # Held. The gate calls _release later, from whichever thread publishes; its call reaches the
+        # loop after this coroutine has yielded, so the future exists by then.
+        future = self._held = self._loop.create_future()
+        try:
+            admission = await future
+        finally:
+            self._held = None
+        if admission is not None:
+            sessions.releases.resumed(admission.version)
+        return admission
+
+    def _release(self, admission: Admission) -> None:
+        """The gate admits the held request (any thread)."""
+        self._loop.call_soon_threadsafe(self._resume, admission)
+
+    def _resume(self, admission: Admission) -> None:
+        if self._held is not None and not self._held.done():
+            self._held.set_result(admission)
+
+    def cancel_wait(self) -> None:
+        """The session or the training ended while one of its requests was held: wake it so it can say why."""
+        if self._held is not None and not self._held.done():
+            self._held.set_result(None)
+
+    def drop_unfinished(self) -> int:
+        """Discard the unroll this actor had not finished; return the transitions dropped."""
+        dropped = 0 if self.unroll is None else self.unroll.steps_acted * self.num_envs
+        self.sessions.counters.dropped_transitions += dropped
+        self.unroll, self.last_step = None, None
+        return dropped
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.sessions.disconnect(self)
+

@@ -1,0 +1,242 @@
+"""The learner: the one place that wires transport, sessions, backend, rollout store and trainer together.
+
+Threads
+    event loop   the gRPC and same-host servers (one Sessions for both), every actor session, the
+                 gate's admissions and the backend's inference. Held requests are awaited futures here.
+    trainer      trains closed phases in order, writes the row and the checkpoint, publishes the next version.
+    inference    in-place backend only: a small pool for its forward passes.
+
+Publishing v+1 is always ``backend.publish()`` (a snapshot backend swaps its snapshot), then ``gate.publish(v+1)``
+(through ``sessions.publish``, which times the release): every request admitted for v+1 is served by v+1.
+The learner never asks which strategy it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lockstep import sync
+from lockstep.config import Config
+from lockstep.config import save as save_config
+from lockstep.envs import env_spec
+from lockstep.learner.audit_trail import AuditWriter
+from lockstep.learner.backends import make_backend
+from lockstep.learner.checkpoint import Checkpointer
+from lockstep.learner.distributed import Ranks
+from lockstep.learner.rollout import PhaseStore, TrainingPhase
+from lockstep.learner.session import Sessions
+from lockstep.learner.trainer import Trainer
+from lockstep.models import resolve_device
+from lockstep.observe.metrics import EpisodeTracker
+from lockstep.observe.progress import Status
+from lockstep.observe.report import Clock, Report
+from lockstep.transport.grpc import security
+from lockstep.transport.grpc.server import LearnerServer
+from lockstep.transport.inprocess import InProcessActors
+from lockstep.transport.protocol import Welcome
+from lockstep.transport.shm import server as shm
+
+log = logging.getLogger("lockstep.learner.wiring")
+
+
+class Learner:
+    def __init__(self, config: Config, run_dir: Path, token: str | None = None, resume: bool = False,
+                 in_process_actors: bool = False, ranks: Ranks | None = None) -> None:
+        config.validate()
+        security.check_server(config.learner.listen, token, config.learner.tls_cert, config.learner.tls_key)
+        self.token = token  # never written to the run directory
+        self.config, self.run_dir = config, run_dir
+        self.spec = env_spec(config.env.id)
+        self.device = resolve_device(config.learner.device)
+        torch.set_num_threads(config.learner.torch_threads)
+        self.strategy = sync.strategy(config.sync.strategy, config.sync.max_lag)
+        self.jitter = sync.Jitter(config.sync.jitter_ms, config.run.seed)
+        self.ranks = ranks  # several learners training one policy (torch.distributed): distributed.py
+        self.trainer = Trainer(config, self.spec, self.device, max_lag=self.strategy.max_lag, ranks=ranks)
+        self.clock = Clock()
+        self.episodes = EpisodeTracker(config.return_thresholds())
+        self.report = Report(run_dir, self.trainer, self.episodes, self.clock)
+        run = config.run
+        self.checkpointer = Checkpointer(run_dir / "checkpoints", run.checkpoint_every, run.checkpoint_minutes,
+                                         run.keep_checkpoints)
+        slot_counters = {}
+        self.resumed_from: Path | None = None
+        if resume:
+            self.resumed_from, state = self.checkpointer.newest()
+            slot_counters = self.report.load_checkpoint_state(state)
+            log.info("resuming from %s: iteration %d, version %d", self.resumed_from, self.trainer.iteration,
+                     self.trainer.version)
+        self.gate = self.strategy.gate(config.ppo.steps_per_env, config.min_actors, start_version=self.trainer.version,
+                                       cutoff=config.sync.phase_cutoff, min_unroll=config.sync.min_unroll)
+        self.audit = AuditWriter(run_dir / "audit", config, fresh=not resume) if run.audit else None
+        self.phases = PhaseStore()
+        self.backend = make_backend(self.strategy, self.trainer, config, lambda: self.sessions.expected_requests(),
+                                    self.jitter, self.audit)
+        self.sessions = Sessions(self.spec, Welcome(run.seed, run_dir.name), config.ppo.steps_per_env, self.gate,
+                                 self.backend, self.phases, self.report.counters, self.episodes, self.clock)
+        self.sessions.slot_counters.update(slot_counters)
+        self.port, self.local_address = None, None  # the gRPC port; unix:/path of the same-host server (or None)
+        self.error: BaseException | None = None
+        self._servers: list[LearnerServer | shm.LocalServer] = []  # their codec_s goes into the time split
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._in_process = in_process_actors  # run env.actors actors as tasks here (learner.transport inprocess)
+
+    @property
+    def status(self) -> Status:
+        """What the progress display shows; ``finished``: training is over (budget spent or stopped)."""
+        return dataclasses.replace(self.report.status, actors=len(self.sessions.actor_ids),
+                                   started=self.clock.started, finished=self.sessions.finished)
+
+    # -- running --------------------------------------------------------------------
+
+    def serve(self) -> dict[str, Any]:
+        """Run until the step budget is spent (or ``stop()``); return the summary."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(self.config, self.run_dir / "config.yaml")
+        self.report.open(resume_after=self.trainer.iteration if self.resumed_from else None)
+        trainer = threading.Thread(target=self._train_loop, name="lockstep-trainer", daemon=True)
+        try:
+            asyncio.run(self._serve(trainer))
+        finally:
+            self.phases.stop()
+            if trainer.is_alive():
+                trainer.join()
+            self.backend.close()
+            self.report.close()
+        summary = self._write_final()
+        if self.error is not None:
+            raise self.error
+        return summary
+
+    def wait_ready(self, timeout: float | None = None) -> int:
+        """Block until the server listens; return its port."""
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the learner did not start listening in time")
+        if self.port is None:
+            raise RuntimeError(f"the learner failed to start: {self.error}")
+        return self.port
+
+    def stop(self) -> None:
+        """Ask a running learner to finish (thread-safe)."""
+        loop = self._loop
+        if loop is not None and self._stop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:  # the loop closed in the meantime: nothing left to stop
+                pass
+
+    async def _serve(self, trainer: threading.Thread) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        cfg = self.config.learner
+        limits = {"max_message_bytes": cfg.max_message_mb * 1024 * 1024, "sanitize": cfg.sanitize}
+        server, local = self._servers = [LearnerServer(self.sessions, cfg.listen, token=self.token, **limits,
+                                                       tls=(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert else None),
+                                         shm.LocalServer(self.sessions, **limits)]  # actors on this host
+        try:  # local.start(): None (and a warning) where this host has no unix sockets
+            self.port, self.local_address = await server.start(), await local.start()
+        except Exception as err:
+            self.error = err
+            self._ready.set()
+            raise
+        log.info("learner listening on port %d and %s, waiting for %d actor(s); sync %s",
+                 self.port, self.local_address or "no unix socket", self.config.min_actors, self.strategy.name)
+        self._ready.set()
+        trainer.start()
+        watchdog = asyncio.create_task(self.sessions.watchdog(self.config.sync.stall_s))
+        env = self.config.env  # learner.transport inprocess: the local actors run here, as tasks
+        actors = InProcessActors(self.sessions, env.id, env.envs_per_actor,
+                                 list(range(env.actors)) if self._in_process else [], env.actor_restarts)
+        actors.start()
+        try:
+            await self._stop.wait()
+        finally:
+            watchdog.cancel()
+            await actors.stop()
+            self.sessions.finish()
+            await asyncio.gather(server.stop(grace=2.0), local.stop(grace=2.0))
+
+    # -- training ---------------------------------------------------------------------
+
+    def _train_loop(self) -> None:
+        try:
+            while True:
+                item = self.phases.next()
+                if item is None or self.sessions.finished:
+                    if item is not None and item.batch is not None:  # stopped from outside: it counts as dropped
+                        self.report.counters.dropped_transitions += item.batch.size
+                    return
+                if self._train_one(item):
+                    self.clock.stop()  # training time, without shutdown and the final checkpoint
+                    self._loop.call_soon_threadsafe(self._stop.set)
+                    return
+        except BaseException as err:
+            log.exception("training failed")
+            self.error = err
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    def _train_one(self, item: TrainingPhase) -> bool:
+        """Train one closed phase, record it, publish the next version; True when the run is done."""
+        trainer = self.trainer
+        if item.phase != trainer.version:
+            raise RuntimeError(f"phase {item.phase} arrived for training at version {trainer.version}")
+        self.jitter()
+        stats = None
+        if item.batch is None and self.ranks is None:  # every actor left the phase before completing it
+            log.info("phase %d closed empty; publishing version %d unchanged", trainer.version, trainer.version + 1)
+            trainer.skip()
+        else:  # (several learners: an empty phase still takes part in the update, with no samples)
+            update = trainer.count_only if self.config.run.collect_only else trainer.train
+            stats = self.backend.train(lambda: trainer.train_empty() if item.batch is None else update(item.batch))
+            self.report.trained(stats)
+            if self.audit is not None and item.batch is not None:
+                self.audit.batch(trainer.iteration, item.phase, self.strategy.name, item.batch)
+        if item.collect_s > self.config.sync.stall_s:
+            self.report.counters.stalls += 1
+        self.report.observe(self.backend.stats())
+        if stats is not None:  # the row first: a checkpoint never claims an iteration metrics.csv lacks
+            self.report.row(stats, item.collect_s, len(self.sessions.actor_ids))
+        if self.checkpointer.due(trainer.iteration):
+            self.checkpointer.save_periodic(self._checkpoint_state(), trainer.iteration)
+        done = self._done()
+        if not done:
+            self.backend.publish()
+            self.jitter()
+            self.sessions.publish(trainer.version)
+        return done
+
+    def _done(self) -> bool:
+        run = self.config.run
+        done = (self.trainer.env_steps >= self.config.ppo.total_steps
+                or (run.time_limit_s is not None and self.clock.wall_s >= run.time_limit_s)
+                or (run.stop_at_return is not None and self.episodes.reached(run.stop_at_return)))
+        return done if self.ranks is None else self.ranks.any(done)  # several learners stop together
+
+    # -- checkpoints and the end of a run ----------------------------------------------
+
+    def _checkpoint_state(self) -> dict:
+        """Everything a resumed run continues from. Taken between iterations, on the trainer thread."""
+        return self.report.checkpoint_state(self.sessions.slot_counters, dataclasses.asdict(self.config))
+
+    def _write_final(self) -> dict[str, Any]:
+        self.report.counters.dropped_transitions += self.phases.discard()  # collected, never to be trained
+        self.report.observe(self.backend.stats())
+        final = self.checkpointer.save_final(self._checkpoint_state())
+        return self.report.summary(
+            env=self.config.env.id, seed=self.config.run.seed, sync=self.strategy.name,
+            time_limited=self.trainer.env_steps < self.config.ppo.total_steps and self.error is None,
+            codec_s=sum(server.codec_s for server in self._servers), releases=self.sessions.releases.summary(),
+            checkpoint=str(final.relative_to(self.run_dir)),
+            resumed_from=None if self.resumed_from is None else str(self.resumed_from.relative_to(self.run_dir)),
+            device=str(self.device), error=None if self.error is None else repr(self.error),
+            ranks=self.ranks and self.ranks.describe(),
+        )

@@ -1,0 +1,291 @@
+"""What a run reports: its counters, the metrics row of each iteration, the summary and the time split.
+
+Counters are run totals (``summary.json``); each ``metrics.csv`` row holds their
+increase over the iteration. Two step counts appear and are not the same:
+``env_steps`` in the metrics and the summary counts transitions *trained on*;
+``first_reached`` counts transitions *collected* (acted on and reported back) when
+the episode that crossed the threshold ended, like a single-process loop's global step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import resource
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lockstep.learner.backends import InferenceStats
+from lockstep.learner.trainer import Trainer, TrainStats
+from lockstep.observe.metrics import EpisodeTracker, MetricsWriter, write_summary
+from lockstep.observe.progress import Status
+from lockstep.observe.tracking import WandbRun
+
+
+@dataclass
+class Counters:
+    """Totals over the run that the learner's own code counts (inference counts come from the backend)."""
+
+    stalls: int = 0  # phases that collected for longer than sync.stall_s
+    dropped_transitions: int = 0  # collected, then discarded: unfinished unrolls, and what a resume or a stop lost
+    off_policy_samples: int = 0
+    transitions_collected: int = 0  # every action recorded; = trained + dropped at the end of a run
+    collected_steps: int = 0  # transitions whose outcome came back: first_reached counts these
+
+
+# Counter columns of metrics.csv that hold an iteration's increase of a run total.
+INCREASES = ("dropped_transitions", "stalls", "wasted_forward_passes", "rejected_rpcs", "torn_reads",
+             "torn_reads_used")
+
+
+# Inference counters that a resumed run carries on from its checkpoint.
+CARRIED = ("wasted_forward_passes", "rejected_rpcs", "torn_reads", "torn_reads_used")
+
+
+class Clock:
+    """Wall seconds of training, across resumes: from the start of the first phase, plus earlier runs."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0  # seconds of the run before a resume
+        self._t0: float | None = None
+        self.stopped_at: float | None = None  # wall_s when training ended, before shutdown work
+        self.cpu_at_start = time.process_time()  # the process's CPU seconds when training started
+
+    @property
+    def started(self) -> bool:
+        return self._t0 is not None
+
+    def start(self) -> None:
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+            self.cpu_at_start = time.process_time()
+
+    @property
+    def wall_s(self) -> float:
+        if self.stopped_at is not None:
+            return self.stopped_at
+        return self.offset + (0.0 if self._t0 is None else time.perf_counter() - self._t0)
+
+    def stop(self) -> None:
+        self.stopped_at = self.wall_s
+
+
+class ReleaseLatency:
+    """Per phase, the seconds from publishing version v until the last request it released resumed.
+
+    ``published(v)`` is stamped on the trainer thread just before the gate releases the requests held
+    for v; each released request calls ``resumed(v)`` on the event loop once its coroutine runs again.
+    A phase's figure is its latest resumption: how long the slowest held actor waited after v existed.
+    It includes the loop's work between the wake-ups (the earlier released requests' way to the
+    batcher), which is what grows with the number of actors. Requests released by anything but a
+    publish (the first phase's start) have no stamp and are not counted.
+
+    Releases of v are settled at ``published(v + 2)`` (a pipelined run may publish v + 1 before every
+    release of v has resumed) and by ``summary``. One float per phase is kept for the percentiles.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stamps: dict[int, float] = {}  # version -> perf_counter() at its publish, until settled
+        self._latest: dict[int, float] = {}  # version -> seconds to its latest resumption so far
+        self.per_phase: list[float] = []  # settled phases' seconds, in publish order
+        self.released = 0  # resumptions counted
+
+    def published(self, version: int) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            self._settle(before=version - 1)
+            self._stamps[version] = now
+
+    def resumed(self, version: int) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            stamp = self._stamps.get(version)
+            if stamp is not None:
+                self._latest[version] = max(self._latest.get(version, 0.0), now - stamp)
+                self.released += 1
+
+    def summary(self) -> dict[str, Any]:
+        """For summary.json: phases measured, requests released, and p50 / p99 / max / mean in ms."""
+        with self._lock:
+            self._settle(before=None)
+            ms = sorted(1000 * s for s in self.per_phase)
+
+        def rank(q: float) -> float | None:  # nearest rank: a value that was measured
+            return round(ms[max(0, math.ceil(q * len(ms)) - 1)], 3) if ms else None
+        return {"phases": len(ms), "released": self.released, "p50_ms": rank(0.5), "p99_ms": rank(0.99),
+                "max_ms": rank(1.0), "mean_ms": round(sum(ms) / len(ms), 3) if ms else None}
+
+    def _settle(self, before: int | None) -> None:
+        for version in sorted(v for v in self._stamps if before is None or v < before):
+            del self._stamps[version]
+            if version in self._latest:
+                self.per_phase.append(self._latest.pop(version))
+
+
+class Report:
+    """Turns the trainer's, the backend's and the learner's counts into metrics rows and the summary."""
+
+    def __init__(self, run_dir: Path, trainer: Trainer, episodes: EpisodeTracker, clock: Clock) -> None:
+        self.run_dir = run_dir
+        self.trainer, self.episodes, self.clock = trainer, episodes, clock
+        self.counters = Counters()
+        self.inference = InferenceStats()  # the backend's totals, refreshed by ``observe``
+        self._carried = dict.fromkeys(CARRIED, 0)  # a resumed run's inference counts before this process
+        self.training_s = 0.0
+        self.status = Status()
+        self._last: dict[str, float] = {}  # the totals at the previous row
+        self.metrics: MetricsWriter | None = None
+        self.tracker: WandbRun | None = None  # --wandb
+
+    def open(self, resume_after: int | None) -> None:
+        self.metrics = MetricsWriter(self.run_dir, resume_after=resume_after)
+        config = self.trainer.config
+        if config.run.wandb:
+            project = os.environ.get("WANDB_PROJECT", config.run.wandb_project)
+            self.tracker = WandbRun(self.run_dir, self.run_dir.name, project, dataclasses.asdict(config),
+                                    resume=resume_after is not None)
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+
+    def totals(self) -> dict[str, int]:
+        """Every counter of the run, as summary.json and checkpoints hold them."""
+        i = self.inference
+        return {**vars(self.counters), "wasted_forward_passes": i.wasted_forward_passes,
+                "rejected_rpcs": i.rejected_rpcs, "torn_reads": i.torn_reads, "torn_reads_used": i.torn_reads_used}
+
+    def checkpoint_state(self, slot_counters: dict[int, int], config: dict) -> dict:
+        """What a checkpoint holds: everything a resumed run continues from (taken between iterations)."""
+        return {
+            "trainer": self.trainer.state_dict(),
+            "episodes": self.episodes.state_dict(),
+            "counters": self.totals(),
+            "slot_counters": dict(slot_counters),
+            "wall_s": self.clock.wall_s,
+            "config": config,
+        }
+
+    def load_checkpoint_state(self, state: dict) -> dict[int, int]:
+        """Continue from a checkpoint's state (``checkpoint_state``); return the actors' noise counters."""
+        self.trainer.load_state_dict(state["trainer"])
+        self.episodes.load_state_dict(state["episodes"])
+        self.restore(state["counters"])
+        self.clock.offset = state["wall_s"]
+        return {int(k): v for k, v in state["slot_counters"].items()}
+
+    def restore(self, totals: dict[str, int]) -> None:
+        """Continue a resumed run's totals: the first row after it counts from them, not from zero.
+
+        What was collected but not trained when the checkpoint was taken (pipelined mode
+        collects while it trains) is lost with the old process: it counts as dropped, in the
+        first row after the resume, so that collected = trained + dropped still holds.
+        """
+        for key in vars(self.counters):
+            setattr(self.counters, key, totals.get(key, 0))
+        c = self.counters
+        c.dropped_transitions += max(0, c.transitions_collected - self.trainer.samples_trained - c.dropped_transitions)
+        self._carried = {k: totals.get(k, 0) for k in CARRIED}
+        self.observe(InferenceStats())
+        self._last = {**totals, "forward_passes": 0, "rows_inferred": 0}
+
+    def observe(self, backend: InferenceStats) -> None:
+        """Take the backend's totals for this process, on top of what a resumed run had counted."""
+        self.inference = dataclasses.replace(backend, **{k: getattr(backend, k) + self._carried[k] for k in CARRIED})
+
+    def trained(self, stats: TrainStats) -> None:
+        self.counters.off_policy_samples += stats.off_policy_samples
+        self.training_s += stats.train_s
+
+    def row(self, stats: TrainStats, collect_s: float, actors: int) -> dict[str, Any]:
+        """Write iteration ``stats``'s row to metrics.csv (and TensorBoard); update the progress status."""
+        totals = {**self.totals(), "forward_passes": self.inference.forward_passes,
+                  "rows_inferred": self.inference.rows_inferred}
+        increase = {k: v - self._last.get(k, 0) for k, v in totals.items()}
+        self._last = totals
+        ep = self.episodes.stats()
+        trainer, wall = self.trainer, self.clock.wall_s
+        passes = increase["forward_passes"]
+        row = {
+            "iteration": trainer.iteration,
+            "policy_version": stats.version,
+            "env_steps": trainer.env_steps,
+            "wall_s": wall,
+            "sps": trainer.env_steps / wall if wall > 0 else 0.0,
+            **ep,
+            **{k: increase[k] for k in INCREASES},
+            "off_policy_samples": stats.off_policy_samples,
+            "policy_lag_mean": stats.policy_lag_mean,
+            "policy_lag_max": stats.policy_lag_max,
+            "inference_batch_mean": increase["rows_inferred"] / passes if passes else math.nan,
+            "collect_s": collect_s,
+            "train_s": stats.train_s,
+            "actors": actors,
+            "lr": stats.lr,
+            "policy_loss": stats.update.policy_loss,
+            "value_loss": stats.update.value_loss,
+            "entropy": stats.update.entropy,
+            "approx_kl": stats.update.approx_kl,
+            "clip_fraction": stats.update.clip_fraction,
+        }
+        self.metrics.write(row)
+        if self.tracker is not None:
+            self.tracker.log(row)
+        self.status = Status(
+            iteration=trainer.iteration, policy_version=trainer.version, env_steps=trainer.env_steps,
+            sps=row["sps"], episode_return_mean=ep["episode_return_mean20"], episodes=ep["episodes"],
+            actors=actors, started=True,
+        )
+        return row
+
+    def time_split(self, codec_s: float) -> dict[str, float]:
+        """Where the learner's wall time went: a cheap in-process account, not a profile.
+
+        inference: forward passes (batcher or in-place); serialization: decoding steps and
+        encoding actions; training: PPO updates; other: the rest of the wall time (gRPC, the
+        gate, bookkeeping, waiting for actors). In pipelined mode training overlaps the others
+        on its own thread, so the parts can add up to more than the wall time (other is then 0).
+        """
+        wall = self.clock.wall_s - self.clock.offset
+        split = {"inference": self.inference.busy_s, "serialization": codec_s, "training": self.training_s}
+        split["other"] = max(0.0, wall - sum(split.values()))
+        return {k: round(v, 3) for k, v in split.items()}
+
+    def summary(self, **run: Any) -> dict[str, Any]:
+        """summary.json: ``run`` (env, seed, sync, device, checkpoint, ...) and the run's final figures."""
+        ep = self.episodes.stats()
+        trainer, wall, inf = self.trainer, self.clock.wall_s, self.inference
+        summary = {
+            **{k: run[k] for k in ("env", "seed", "sync")},
+            "iterations": trainer.iteration,
+            "policy_version": trainer.version,
+            "env_steps": trainer.env_steps,
+            "wall_s": round(wall, 3),
+            "time_limited": run["time_limited"],
+            "sps": round(trainer.env_steps / wall, 1) if wall > 0 else 0.0,
+            "learner_cpu_s": round(time.process_time() - self.clock.cpu_at_start, 3),  # since the first phase
+            "episodes": ep["episodes"],
+            "episode_return_mean": None if math.isnan(ep["episode_return_mean"]) else ep["episode_return_mean"],
+            "first_reached": self.episodes.first_reached,
+            **self.totals(),
+            "transitions_trained": trainer.samples_trained,  # by this learner (env_steps: by all, if several)
+            "policy_lag_mean": trainer.lag_sum / trainer.samples_trained if trainer.samples_trained else 0.0,
+            "policy_lag_max": trainer.lag_max,
+            "forward_passes": inf.forward_passes,
+            "inference_batch_mean": inf.rows_inferred / inf.forward_passes if inf.forward_passes else None,
+            "learner_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "time_split_s": self.time_split(run.pop("codec_s")),
+            "publish_release_ms": run["releases"],  # ReleaseLatency.summary()
+            **{k: run[k] for k in ("checkpoint", "resumed_from", "device", "error")},
+            **({"ranks": run["ranks"]} if run.get("ranks") else {}),
+        }
+        write_summary(self.run_dir / "summary.json", summary)
+        if self.tracker is not None:
+            self.tracker.finish(summary)
+            self.tracker = None
+        return summary

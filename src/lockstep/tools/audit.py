@@ -1,0 +1,398 @@
+"""Checking the audit trail (``lockstep audit RUN_DIR``): recompute every behaviour log-prob from the
+policy version that produced it, and judge each batch by its synchronization strategy's rules."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lockstep import sync
+from lockstep.algo.normalize import ObsNormalizer
+from lockstep.config import Config
+from lockstep.config import load as load_config
+from lockstep.envs import EnvSpec, env_spec
+from lockstep.models import Policy, build_policy
+
+
+class AuditError(RuntimeError):
+    """The run directory holds no audit trail that can be checked."""
+
+
+@dataclass
+class IterationAudit:
+    """What recomputing one iteration's behaviour log-probs found, and the rules it is judged by.
+
+    The rules come from the synchronization registry (``lockstep.sync.strategy``): ``max_lag``
+    bounds trained_by - version for every sample (0 for strict, K for pipelined, None: unbounded),
+    and ``snapshots`` says whether samples were produced by immutable versions (strict, pipelined)
+    or by a model updated in place (the reference strategies).
+    """
+
+    iteration: int
+    trained_by: int = -1
+    strategy: str = ""
+    max_lag: int | None = 0  # the strategy's bound on trained_by - version; None: unbounded
+    snapshots: bool = True  # served by immutable versions, so every sample must recompute exactly
+    samples: int = 0
+    versions: list[int] = field(default_factory=list)  # distinct version stamps, ascending
+    lag_max: int = 0  # trained_by - min(versions)
+    off_version: int = 0  # samples whose stamp is not trained_by
+    newer: int = 0  # samples stamped with a version after trained_by: no strategy can produce them
+    over_lag: int = 0  # samples with trained_by - stamp > max_lag
+    differing: int = 0  # |recomputed - stored| > tolerance, or no policy file to recompute with
+    mismatched: int = 0  # the part of ``differing`` that was recomputed: |recomputed - stored| > tolerance
+    max_abs_diff: float = 0.0  # over the samples that could be recomputed
+    missing: dict[int, int] = field(default_factory=dict)  # version without a policy file -> its samples
+    problems: list[str] = field(default_factory=list)  # unreadable or inconsistent files, unknown strategy
+
+    @property
+    def lag_violations(self) -> int:
+        """Samples whose lag is outside [0, max_lag]."""
+        return self.newer + self.over_lag
+
+    @property
+    def failures(self) -> list[str]:
+        """Why this iteration fails the audit; empty when it passes.
+
+        Every strategy fails on a trail that cannot be checked (an unreadable or inconsistent file,
+        an unknown strategy, a stamped version without its policy file: one is written at every
+        publish) and on a sample stamped with a version newer than the one that trained it.
+        Snapshot strategies (strict, pipelined) also fail on a sample whose log-prob the stamped
+        version does not recompute within the tolerance, or whose lag exceeds ``max_lag``.
+        In-place (reference) strategies do not: a forward pass on a model that the trainer updates
+        in place is not tied to one version, so their differences and their (unbounded) lag are
+        what they are measured on (``lockstep bench sync``), reported here and never a failure.
+        """
+        found = list(self.problems)
+        found += [f"no policy_v{v:06d}.pt for version {v} ({n} samples)" for v, n in self.missing.items()]
+        if self.newer:
+            found.append(f"{self.newer} sample(s) stamped with a version newer than {self.trained_by}, "
+                         "the version that trained them")
+        if self.snapshots and self.mismatched:
+            found.append(f"{self.mismatched} sample(s) whose log-prob the version stamped on them does not "
+                         f"recompute (max |diff| {self.max_abs_diff:.2e})")
+        if self.over_lag and self.max_lag == 0:
+            found.append(f"{self.over_lag} sample(s) not produced by version {self.trained_by}, the version that "
+                         f"trained them ({self.strategy} allows no lag)")
+        elif self.over_lag:
+            found.append(f"{self.over_lag} sample(s) lag the version that trained them by more than max_lag "
+                         f"{self.max_lag} (lag up to {self.lag_max})")
+        return found
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing to show: a pass without a single differing sample."""
+        return not self.failures and not self.differing
+
+
+@dataclass
+class AuditReport:
+    """The findings of ``check``: one ``IterationAudit`` per training batch, in iteration order."""
+
+    run_dir: Path
+    tolerance: float
+    iterations: list[IterationAudit]
+
+    @property
+    def strategies(self) -> list[str]:
+        return sorted({it.strategy for it in self.iterations})
+
+    @property
+    def samples(self) -> int:
+        return sum(it.samples for it in self.iterations)
+
+    @property
+    def differing(self) -> int:
+        return sum(it.differing for it in self.iterations)
+
+    @property
+    def off_version(self) -> int:
+        return sum(it.off_version for it in self.iterations)
+
+    @property
+    def failed(self) -> bool:
+        return any(it.failed for it in self.iterations)
+
+    @property
+    def exit_code(self) -> int:
+        """0: PASS; 1: FAIL; 2: nothing checked (no training batch in the trail)."""
+        if not self.iterations:
+            return 2
+        return 1 if self.failed else 0
+
+    @property
+    def verdict(self) -> str:
+        """One line that says PASS, FAIL or NOTHING CHECKED, and why; it agrees with ``exit_code``."""
+        if not self.iterations:
+            return "NOTHING CHECKED: audit/ holds no training batch (the run ended before its first iteration)"
+        n = len(self.iterations)
+        bad = [it for it in self.iterations if it.failed]
+        if bad:
+            listed = ", ".join(str(it.iteration) for it in bad[:10]) + (", ..." if len(bad) > 10 else "")
+            return (f"FAIL: {len(bad)} of {n} iteration(s) failed the audit (iterations {listed}); "
+                    f"iteration {bad[0].iteration}: {'; '.join(bad[0].failures)}")
+        parts = []
+        for name in dict.fromkeys(it.strategy for it in self.iterations):  # in order of first use
+            group = [it for it in self.iterations if it.strategy == name]
+            first = group[0]
+            if first.snapshots:
+                lag = ("every sample produced by the version that trained on it" if first.max_lag == 0
+                       else f"every sample within lag {first.max_lag} of the version that trained on it")
+                parts.append(f"{name}: {lag}, every log-prob recomputed within {self.tolerance:g} by the version "
+                             "stamped on it")
+            else:
+                differing = sum(it.differing for it in group)
+                lag_max = max(it.lag_max for it in group)
+                parts.append(f"{name} updates the policy in place: {differing} differing sample(s) and lag up to "
+                             f"{lag_max} reported, not failures")
+        return f"PASS: {n} iteration(s), {self.samples} samples; " + "; ".join(parts)
+
+    def iteration(self, number: int) -> IterationAudit:
+        return next(it for it in self.iterations if it.iteration == number)
+
+
+def _load_policy(path: Path) -> dict:
+    """torch.load without running arbitrary pickles: tensors, plain containers and numpy arrays only."""
+    core = getattr(np, "_core", None) or np.core
+    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+    allowed += [getattr(np.dtypes, name) for name in dir(np.dtypes) if name.endswith("DType")]
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+class _Policies:
+    """Policy files of one run, loaded on first use, as (model, normalizer) or the reason there is none."""
+
+    def __init__(self, directory: Path, config: Config, spec: EnvSpec) -> None:
+        self.directory, self.config, self.spec = directory, config, spec
+        self.recurrent = config.model.lstm_size > 0
+        self._cache: dict[int, tuple[Policy, ObsNormalizer] | str] = {}
+
+    def get(self, version: int) -> tuple[Policy, ObsNormalizer] | str:
+        if version not in self._cache:
+            self._cache[version] = self._load(version)
+        return self._cache[version]
+
+    def keep_only(self, versions: set[int]) -> None:
+        for v in [v for v in self._cache if v not in versions]:
+            del self._cache[v]
+
+    def _load(self, version: int) -> tuple[Policy, ObsNormalizer] | str:
+        if version < 0:
+            return "missing"  # a stamp that no version could have written
+        path = self.directory / f"policy_v{version:06d}.pt"
+        if not path.is_file():
+            return "missing"
+        try:
+            state = _load_policy(path)
+        except Exception as err:  # reported, not raised
+            return f"{path.name} is unreadable: {err}"
+        if state.get("version") != version:
+            return f"{path.name} says it holds version {state.get('version')}"
+        model = build_policy(self.spec.observation, self.spec.action, self.config.model)
+        try:
+            model.load_state_dict(state["model"])
+        except (KeyError, RuntimeError) as err:
+            return f"{path.name} does not fit the configured model: {err}"
+        model.eval().requires_grad_(False)
+        normalizer = ObsNormalizer(state.get("obs_mean"), state.get("obs_var"), self.config.env.clip_obs,
+                                   torch.device("cpu"))
+        return model, normalizer
+
+
+def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec, tolerance: float) -> IterationAudit:
+    # until the file says otherwise (an unreadable file never does), the strategy the run was configured with
+    configured = policies.config.sync
+    result = IterationAudit(iteration, strategy=configured.strategy)
+    max_lag = configured.max_lag
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            obs, actions = data["obs"], data["actions"]
+            stored, stamps = data["logprobs"], data["versions"]
+            lengths = data["lengths"] if "lengths" in data.files else np.full(stored.shape[-1], stored.shape[0])
+            initial_state = data["initial_state"] if "initial_state" in data.files else None
+            starts = data["starts"] if "starts" in data.files else None
+            result.trained_by, result.strategy = int(data["trained_by"]), str(data["strategy"])
+            if "max_lag" in data.files:  # older trails have only the configured bound
+                max_lag = int(data["max_lag"])
+    except Exception as err:  # a truncated or foreign file is a finding, not a crash
+        result.problems.append(f"{path.name} is unreadable: {err}")
+        return result
+    try:
+        rules = sync.strategy(result.strategy, max_lag)
+        result.max_lag, result.snapshots = rules.max_lag, rules.snapshots
+    except ValueError as err:  # the samples are still checked, under the strictest rules
+        result.problems.append(f"{path.name} names a strategy the audit cannot judge: {err}")
+    act_shape = spec.action.element_shape
+    TN = stored.shape
+    if (len(TN) != 2 or stamps.shape != TN or obs.shape != TN + tuple(spec.observation.shape)
+            or actions.shape != TN + act_shape):
+        result.problems.append(
+            f"{path.name} has inconsistent shapes: obs {obs.shape}, actions {actions.shape}, logprobs {stored.shape}, "
+            f"versions {stamps.shape} (observation {spec.observation.shape}, action {act_shape})")
+        return result
+    valid = np.arange(TN[0])[:, None] < lengths[None, :]  # steps past an unroll cut short hold no sample
+    actions = actions.astype(spec.action.action_dtype, copy=False)
+    if policies.recurrent:
+        if initial_state is None or starts is None or starts.shape != TN or initial_state.shape[0] != TN[1]:
+            result.problems.append(f"{path.name} lacks the recurrent states (initial_state [N, S] and starts [T, N]) "
+                                   "a recurrent policy's log-probs are recomputed from")
+            return result
+        recomputed = _recompute_recurrent(obs, actions, stamps, valid, initial_state, starts, policies)[valid]
+    else:
+        recomputed = None
+    obs, actions, stored, stamps = obs[valid], actions[valid], stored[valid], stamps[valid]
+    result.samples = int(stored.size)
+    versions = np.unique(stamps)
+    result.versions = [int(v) for v in versions]
+    if result.samples:
+        result.lag_max = result.trained_by - int(versions.min())
+    lag = result.trained_by - stamps.astype(np.int64)
+    result.off_version = int(np.count_nonzero(lag != 0))
+    result.newer = int(np.count_nonzero(lag < 0))
+    if result.max_lag is not None:
+        result.over_lag = int(np.count_nonzero(lag > result.max_lag))
+    for v in result.versions:
+        rows = stamps == v
+        policy = policies.get(v)
+        if isinstance(policy, str):
+            count = int(rows.sum())
+            result.differing += count
+            if policy == "missing":
+                result.missing[v] = count
+            else:
+                result.problems.append(policy)
+            continue
+        if recomputed is None:
+            model, normalize = policy
+            with torch.inference_mode():
+                got = model.evaluate(normalize(torch.as_tensor(obs[rows])), torch.as_tensor(actions[rows]))[0].numpy()
+        else:
+            got = recomputed[rows]
+        want = stored[rows]
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        diff[got == want] = 0.0  # equal infinities
+        diff[np.isnan(diff)] = np.inf
+        mismatched = int(np.count_nonzero(diff > tolerance))
+        result.mismatched += mismatched
+        result.differing += mismatched
+        result.max_abs_diff = max(result.max_abs_diff, float(diff.max(initial=0.0)))
+    policies.keep_only(set(result.versions))
+    return result
+
+
+def _recompute_recurrent(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: np.ndarray,
+                         initial_state: np.ndarray, starts: np.ndarray, policies: _Policies) -> np.ndarray:
+    """[T, N] log-probs of a recurrent policy, recomputed step by step as inference computed them: from each
+    slot's stored initial state, reset where an episode starts, each step by the version stamped on it.
+
+    NaN where a step cannot be recomputed: its version has no policy (or an unusable one), or an earlier
+    step of its slot had none, so the state it was acted with is unknown."""
+    T, N = stamps.shape
+    state = torch.as_tensor(initial_state, dtype=torch.float32)  # [N, S]
+    known = np.ones(N, bool)
+    out = np.full((T, N), np.nan)
+    with torch.inference_mode():
+        for t in range(T):
+            state = state * torch.as_tensor(~starts[t], dtype=torch.float32)[:, None]
+            for v in np.unique(stamps[t][valid[t]]):
+                rows = valid[t] & (stamps[t] == v)
+                policy = policies.get(int(v))
+                if isinstance(policy, str):
+                    known[rows] = False
+                    continue
+                model, normalize = policy
+                idx = torch.as_tensor(np.flatnonzero(rows))
+                logprob, after = model.evaluate_step(normalize(torch.as_tensor(obs[t, rows])),
+                                                     torch.as_tensor(actions[t, rows]), state[idx])
+                state[idx] = after
+                out[t, rows & known] = logprob.numpy()[known[rows]]
+    return out
+
+
+def check(run_dir: Path, tolerance: float = 1e-5) -> AuditReport:
+    """Recompute the behaviour log-prob of every recorded sample with the policy version stamped on it.
+
+    Raises ``AuditError`` when ``run_dir`` has no audit trail (or no readable config in it).
+    """
+    run_dir = Path(run_dir)
+    directory = run_dir / "audit"
+    if not directory.is_dir():
+        raise AuditError(f"{run_dir} has no audit/ directory: run with lockstep train --audit")
+    try:
+        config = load_config(directory / "config.yaml")
+    except Exception as err:
+        raise AuditError(f"cannot read {directory / 'config.yaml'}: {err}") from err
+    spec = env_spec(config.env.id)
+    policies = _Policies(directory, config, spec)
+    batches = []
+    for path in directory.glob("batch_*.npz"):
+        number = path.stem.removeprefix("batch_")
+        if number.isdigit():
+            batches.append((int(number), path))
+    results = [_check_batch(path, n, policies, spec, tolerance) for n, path in sorted(batches)]
+    return AuditReport(run_dir, tolerance, results)
+
+
+# -- the report ------------------------------------------------------------------------------
+
+_LONG = 40  # longer runs print only the iterations with findings
+
+
+def _versions_text(versions: list[int]) -> str:
+    if len(versions) <= 4:
+        return ",".join(map(str, versions)) or "-"
+    return f"{versions[0]}..{versions[-1]} ({len(versions)})"
+
+
+def _notes(it: IterationAudit) -> str:
+    notes = it.failures
+    if not it.snapshots and it.mismatched:
+        notes.append(f"{it.mismatched} differing: expected of in-place updates, not a failure")
+    return "; ".join(notes)
+
+
+def format_report(report: AuditReport) -> str:
+    """The table of iterations (only those with findings, for long runs), a total and the verdict line."""
+    header = ("iter", "trained_by", "strategy", "samples", "versions", "lag_max", "max_lag", "differing", "max|diff|",
+              "notes")
+    shown = report.iterations if len(report.iterations) <= _LONG else [it for it in report.iterations if not it.clean]
+    rows = [header] + [
+        (str(it.iteration), str(it.trained_by), it.strategy, str(it.samples), _versions_text(it.versions),
+         str(it.lag_max), "-" if it.max_lag is None else str(it.max_lag), str(it.differing),
+         f"{it.max_abs_diff:.2e}", _notes(it))
+        for it in shown
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    lines = [f"audit of {report.run_dir} (tolerance {report.tolerance:g})"]
+    for r in rows:
+        cells = [c.rjust(w) if i not in (2, 4) else c.ljust(w)  # strategy and versions are text: left-aligned
+                 for i, (c, w) in enumerate(zip(r[:-1], widths, strict=True))]
+        lines.append("  ".join(cells) + ("  " + r[-1] if r[-1] else ""))
+    hidden = len(report.iterations) - len(shown)
+    if hidden:
+        lines.append(f"... and {hidden} clean iteration(s) not shown")
+    lines.append(f"{len(report.iterations)} iteration(s) checked, {report.samples} samples, "
+                 f"{report.differing} differing, {report.off_version} not produced by the version that trained on them")
+    lines.append(report.verdict)
+    return "\n".join(lines)
+
+
+def main(run_dir: str, tolerance: float = 1e-5) -> int:
+    """``lockstep audit RUN_DIR``: print the report, ending with its verdict line. Returns the exit code:
+    0 PASS, 1 FAIL (see ``IterationAudit.failures``), 2 nothing to audit (no trail, or no batch in it)."""
+    try:
+        report = check(Path(run_dir), tolerance)
+    except AuditError as err:
+        print(f"lockstep audit: {err}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    return report.exit_code

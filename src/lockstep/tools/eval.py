@@ -1,0 +1,323 @@
+"""Evaluation: play a trained policy in one process, with no learner and no gRPC (``lockstep eval RUN_DIR``).
+
+What is loaded: ``RUN_DIR/config.yaml`` for the env id and the network, and a checkpoint (``--checkpoint``,
+else ``checkpoints/final.pt``, else the newest periodic ``checkpoints/iter_N.pt``), read with
+``weights_only=True`` like every checkpoint. Its trainer state holds the network (``model``) and the
+observation statistics (``obs_rms``) the snapshots normalized with; the policy here is the one the
+learner served at that version.
+
+How it plays: one env, ``envs.make_env(env_id, training=False)`` (for ``atari:`` ids one episode per game
+and raw scores), episodes one after another. Actions are sampled as the learner samples them
+(``inference.act``, ``inference.act_recurrent``) from counter-based noise of ``--seed``; with
+``--deterministic`` they are the mode (argmax for Discrete, the Gaussian's mean for Box). The env is
+reset with ``--seed`` once, so the same seed plays the same episodes. A recurrent policy's state is
+zeroed at each episode start. Box actions are clipped to the space's bounds, as the actor clips them.
+
+Video (``--video DIR``): the env renders ``rgb_array`` frames (one after the reset and one per step, so an
+episode of L steps has L + 1 frames where the env counts every step it takes; Atari's reset presses
+no-ops and FIRE that count in the episode length but show no frame) written as ``DIR/episode-NNN.mp4``
+by imageio with imageio-ffmpeg (``pip install -e '.[video]'``). MuJoCo renders through OpenGL: without
+a display, ``MUJOCO_GL=egl`` (set here when unset and there is no display) renders headless with a
+GPU's EGL or Mesa's; ``MUJOCO_GL=osmesa`` is the fallback where EGL is missing. Classic-control envs draw
+with pygame, told ``SDL_VIDEODRIVER=dummy`` in the same case so that SDL does not look for a display.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from lockstep import config as config_lib
+from lockstep.algo import noise
+from lockstep.algo.normalize import ObsNormalizer
+from lockstep.common.files import atomic_write
+from lockstep.envs import SpaceSpec, make_env
+from lockstep.learner import checkpoint as checkpoint_lib
+from lockstep.learner.inference import act, act_recurrent
+from lockstep.models import Policy, build_policy, resolve_device
+
+VIDEO_INSTALL = "pip install -e '.[video]'"
+ATARI_FPS = 15  # the ALE runs at 60 frames a second and each agent step holds its action for wrap_atari's 4
+
+
+class EvalError(Exception):
+    """Nothing to evaluate, or no way to: the message says what is missing and how to get it."""
+
+
+@dataclass
+class Episode:
+    ret: float  # the return the env recorded (Atari: the raw game score)
+    length: int  # steps the env recorded
+    frames: int = 0  # frames in the video, 0 without one
+    video: str | None = None
+
+
+@dataclass
+class Report:
+    run_dir: str
+    checkpoint: str
+    iteration: int
+    env_id: str
+    deterministic: bool
+    seed: int
+    episodes: list[Episode] = field(default_factory=list)
+
+    @property
+    def returns(self) -> np.ndarray:
+        return np.array([e.ret for e in self.episodes], np.float64)
+
+    def to_dict(self) -> dict[str, Any]:
+        returns, lengths = self.returns, np.array([e.length for e in self.episodes], np.float64)
+        data = asdict(self)
+        data["episodes"] = [{"return": e.ret, "length": e.length, "frames": e.frames, "video": e.video}
+                            for e in self.episodes]
+        data.update(return_mean=float(returns.mean()), return_std=float(returns.std()),
+                    return_min=float(returns.min()), return_max=float(returns.max()),
+                    length_mean=float(lengths.mean()))
+        return data
+
+
+def find_checkpoint(run_dir: Path, given: str | None = None) -> Path:
+    """``given`` if set, else the run's final checkpoint, else its newest periodic one."""
+    if given:
+        path = Path(given)
+        if not path.is_file():
+            raise EvalError(f"checkpoint {path} does not exist")
+        return path
+    directory = run_dir / "checkpoints"
+    if (directory / "final.pt").is_file():
+        return directory / "final.pt"
+    periodic = sorted(directory.glob("iter_*.pt"))  # iter_NNNNNN.pt: the name orders them
+    if periodic:
+        return periodic[-1]
+    raise EvalError(f"no checkpoint in {directory}: a run writes checkpoints/final.pt when it ends (and "
+                    "checkpoints/iter_N.pt with --checkpoint-every N); pass --checkpoint FILE to use another")
+
+
+def load_policy(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, action: SpaceSpec,
+                device: torch.device) -> tuple[config_lib.Config, Policy, ObsNormalizer, Path, int]:
+    """The run's config, its policy and observation normalizer from a checkpoint, the checkpoint's path
+    and the iteration it was written at."""
+    config = load_config(run_dir)
+    path = find_checkpoint(run_dir, checkpoint)
+    trainer = checkpoint_lib.load(path, device)["trainer"]
+    model = build_policy(observation, action, config.model).to(device)
+    try:
+        model.load_state_dict(trainer["model"])
+    except RuntimeError as err:
+        raise EvalError(f"{path} does not hold the network {run_dir / 'config.yaml'} describes for "
+                        f"{config.env.id}: {str(err).splitlines()[0]}") from err
+    model.eval().requires_grad_(False)
+    rms = trainer.get("obs_rms")
+    normalize = ObsNormalizer(None if rms is None else rms["mean"], None if rms is None else rms["var"],
+                              config.env.clip_obs, device)
+    return config, model, normalize, path, int(trainer["iteration"])
+
+
+def load_config(run_dir: Path) -> config_lib.Config:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise EvalError(f"{path} not found: {run_dir} is not a lockstep run directory (one that "
+                        "`lockstep train` or `lockstep learner` wrote)")
+    return config_lib.load(path)
+
+
+def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, seed: int = 0,
+             device: str = "cpu", checkpoint: str | None = None, video_dir: Path | None = None,
+             on_episode=None) -> Report:
+    """Play ``episodes`` episodes of the run's policy (module docstring); ``on_episode(i, episode)`` is
+    called as each ends."""
+    if episodes < 1:
+        raise EvalError(f"--episodes must be at least 1, got {episodes}")
+    torch_device = resolve_device(device)
+    env_id = load_config(run_dir).env.id
+    env = _make(env_id, video_dir is not None)
+    try:
+        obs_spec = SpaceSpec.from_space(env.observation_space)
+        act_spec = SpaceSpec.from_space(env.action_space)
+        _, model, normalize, path, iteration = load_policy(run_dir, checkpoint, obs_spec, act_spec, torch_device)
+        player = _Player(model, normalize, act_spec, deterministic, seed, torch_device)
+        writer = _VideoWriter(video_dir, _fps(env_id, env)) if video_dir is not None else None
+        report = Report(str(run_dir), str(path), iteration, env_id, deterministic, seed)
+        obs, _ = env.reset(seed=seed)
+        for i in range(episodes):
+            if i:
+                obs, _ = env.reset()
+            episode = _play(env, player, obs, writer, i)
+            report.episodes.append(episode)
+            if on_episode is not None:
+                on_episode(i, episode)
+        return report
+    finally:
+        env.close()
+
+
+def write_report(report: Report, out: Path) -> Path:
+    return atomic_write(out, json.dumps(report.to_dict(), indent=2) + "\n")
+
+
+def _make(env_id: str, render: bool):
+    try:
+        return _make_env(env_id, render)
+    except (ValueError, gym.error.Error) as err:  # an env package this machine lacks, ...
+        raise EvalError(f"cannot make {env_id}: {err}") from err
+
+
+def _make_env(env_id: str, render: bool):
+    if not render:
+        return make_env(env_id, training=False)
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo makes its first GL context, below
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame (classic control) draws off screen, silently
+    try:
+        env = make_env(env_id, training=False, render_mode="rgb_array")
+    except TypeError as err:  # a factory without render_mode
+        raise EvalError(f"cannot record {env_id}: its factory does not take render_mode ({err})") from err
+    if "rgb_array" not in env.metadata.get("render_modes", []):
+        env.close()
+        raise EvalError(f"cannot record {env_id}: it does not render rgb_array frames")
+    return env
+
+
+def _fps(env_id: str, env) -> float:
+    if env_id.startswith("atari:"):
+        return ATARI_FPS
+    return float(env.metadata.get("render_fps") or 30)
+
+
+class _Player:
+    """Chooses actions for one env: sampled with the learner's noise, or the mode."""
+
+    def __init__(self, model: Policy, normalize: ObsNormalizer, action: SpaceSpec, deterministic: bool,
+                 seed: int, device: torch.device) -> None:
+        self.model, self.normalize, self.device, self.deterministic = model, normalize, device, deterministic
+        self.discrete = action.discrete
+        self.low = self.high = None
+        if not self.discrete:
+            self.low, self.high = action.low.astype(np.float32), action.high.astype(np.float32)
+        self.keys = noise.slot_keys(seed, 0, 1)
+        self.steps = 0
+        self.state: np.ndarray | None = None
+
+    def start_episode(self) -> None:
+        if self.model.state_size:
+            self.state = self.model.initial_state(1)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray | int:
+        batch = np.asarray(obs)[None]  # [1, *obs]
+        if self.deterministic:
+            action = self._mode(batch)
+        else:
+            uniform = noise.uniform(self.keys, np.array([self.steps], np.uint64), self.model.noise_width)
+            if self.model.state_size:
+                action, _, _, self.state = act_recurrent(self.model, self.normalize, batch, uniform, self.state,
+                                                         self.device)
+            else:
+                action, _, _ = act(self.model, self.normalize, batch, uniform, self.device)
+        self.steps += 1
+        if self.discrete:
+            return int(action[0])
+        return np.clip(action[0], self.low, self.high)  # as the actor clips; the policy's mean may lie outside
+
+    def _mode(self, batch: np.ndarray) -> np.ndarray:
+        """The most likely action: obs [1, *obs] -> action [1, *act]."""
+        with torch.inference_mode():
+            x = self.normalize(torch.as_tensor(batch, device=self.device))
+            if self.model.state_size:
+                head, _, after = self.model.features_step(x, torch.as_tensor(self.state, device=self.device))
+                self.state = after.cpu().numpy()
+            else:
+                head, _ = self.model.features(x)
+            action = head.argmax(-1) if self.discrete else head.reshape(-1, *self.model.action_shape)
+            return action.cpu().numpy()
+
+
+def _play(env, player: _Player, obs: np.ndarray, writer: _VideoWriter | None, index: int) -> Episode:
+    player.start_episode()
+    if writer is not None:
+        writer.open(index)
+        writer.add(env.render())
+    total, steps = 0.0, 0
+    while True:
+        obs, reward, terminated, truncated, info = env.step(player(obs))
+        total, steps = total + float(reward), steps + 1
+        if writer is not None:
+            writer.add(env.render())
+        if terminated or truncated:
+            break
+    recorded = info.get("episode")
+    episode = Episode(float(recorded["r"]), int(recorded["l"])) if recorded else Episode(total, steps)
+    if writer is not None:
+        episode.video, episode.frames = writer.close()
+    return episode
+
+
+class _VideoWriter:
+    """One mp4 per episode, written frame by frame (an episode's frames need not fit in memory)."""
+
+    def __init__(self, directory: Path, fps: float) -> None:
+        try:
+            import imageio.v2 as imageio
+            import imageio_ffmpeg  # noqa: F401  (imageio finds ffmpeg through it)
+        except ImportError as err:
+            raise EvalError(f"--video needs imageio and imageio-ffmpeg: {VIDEO_INSTALL} ({err})") from err
+        self._imageio, self.directory, self.fps = imageio, directory, fps
+        directory.mkdir(parents=True, exist_ok=True)
+        self._writer, self._path, self._frames = None, None, 0
+
+    def open(self, index: int) -> None:
+        self._path = self.directory / f"episode-{index:03d}.mp4"
+        # macro_block_size=1: frames keep their size (padded to even, as yuv420p needs) instead of being rescaled
+        self._writer = self._imageio.get_writer(self._path, fps=self.fps, codec="libx264", quality=8,
+                                                macro_block_size=1, pixelformat="yuv420p")
+        self._frames = 0
+
+    def add(self, frame: np.ndarray) -> None:
+        h, w = frame.shape[:2]
+        if h % 2 or w % 2:
+            frame = np.pad(frame, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+        self._writer.append_data(frame)
+        self._frames += 1
+
+    def close(self) -> tuple[str, int]:
+        self._writer.close()
+        return str(self._path), self._frames
+
+
+def summary_line(report: Report) -> str:
+    returns = report.returns
+    lengths = [e.length for e in report.episodes]
+    std = float(returns.std()) if len(returns) > 1 else math.nan
+    spread = f" ± {std:.1f}" if not math.isnan(std) else ""
+    return (f"mean return {returns.mean():.1f}{spread} over {len(returns)} episode{'s' if len(returns) > 1 else ''} "
+            f"(min {returns.min():.1f}, max {returns.max():.1f}; mean length {np.mean(lengths):.1f})")
+
+
+def main(run_dir: Path, episodes: int, deterministic: bool, seed: int, device: str, checkpoint: str | None,
+         video: str | None, out: str | None) -> int:
+    """``lockstep eval``: play, print each episode and the summary, write eval.json; the exit code."""
+
+    def show(i: int, episode: Episode) -> None:
+        recorded = f", {episode.frames} frames in {episode.video}" if episode.video else ""
+        print(f"episode {i + 1}: return {episode.ret:.1f}, length {episode.length}{recorded}", flush=True)
+
+    try:
+        report = evaluate(run_dir, episodes, deterministic, seed, device, checkpoint,
+                          Path(video) if video else None, on_episode=show)
+    except EvalError as err:
+        print(f"lockstep: {err}", file=sys.stderr)
+        return 2
+    path = write_report(report, Path(out) if out else run_dir / "eval.json")
+    print(f"{report.env_id}, {Path(report.checkpoint).name} (iteration {report.iteration}), "
+          f"{'deterministic' if deterministic else 'sampled'} actions: {summary_line(report)}")
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,1 @@
+"""gRPC framing: one bidirectional stream per actor."""

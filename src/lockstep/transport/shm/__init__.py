@@ -1,0 +1,1 @@
+"""Same-host framing: arrays in shared memory, wake-ups on a unix socket."""

@@ -1,0 +1,394 @@
+"""The learner's same-host transport: shared memory for the arrays, a unix socket for wake-ups.
+
+For actors on the learner's machine. Each actor's observations, outcomes and actions live in a
+region of shared memory that the learner allocates at the hello (``shm_layout``: the layout, the
+frames, and who writes which field when); the socket carries the hello, the welcome with the
+region's file descriptor, and one 12-byte frame per step and per reply. Arrays are never
+serialized, and nothing is polled: the event loop wakes on the socket.
+
+It serves the same ``ActorHandler`` as the gRPC server (``server.py``), with the same checks: the
+hello and its protocol version, every step validated by ``messages.check_step`` after it has been
+copied out of the region, refusals with the same codes. A connection's end (EOF, reset, the actor
+killed) ends its session at once, also while its request is held, as a cancelled gRPC stream does.
+
+Access: the socket lives in a fresh private directory (mode 0700; the socket 0600), so only the
+learner's user can connect, and no token is asked for. The directory goes when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+
+from google.protobuf.message import DecodeError
+
+from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES
+from lockstep.transport import lockstep_pb2 as pb
+from lockstep.transport.codec import CodecError
+from lockstep.transport.messages import HelloInfo, StepData, check_step, hello_from_proto
+from lockstep.transport.protocol import (
+    FAILED_PRECONDITION,
+    INVALID_ARGUMENT,
+    RESOURCE_EXHAUSTED,
+    UNAVAILABLE,
+    ActorHandler,
+    RefusalLog,
+    Refused,
+)
+from lockstep.transport.shm import layout as wire
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 30.0  # a client that connects and says nothing is dropped after this
+SOCKET_NAME = "learner.sock"
+DIR_PREFIX = "lockstep-"
+MAX_PATH = 100  # a unix socket path must fit in sun_path (108 bytes with its NUL, less on some systems)
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)  # a vanished peer is an error, not a SIGPIPE
+
+
+class LocalServer:
+    """Serves actors on this host for an ``ActorHandler``; ``start()`` returns the ``unix:/path`` address.
+
+    A bad hello or step ends only its own connection, with a REFUSED frame that names the problem
+    (logged once per client and kind); the learner and its other actors go on.
+    """
+
+    def __init__(self, handler: ActorHandler, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 sanitize: bool = False) -> None:
+        self._handler = handler
+        self._max_bytes = max_message_bytes
+        self._sanitize = sanitize
+        self._dir: str | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._log_refusal = RefusalLog(log)
+        self.address: str | None = None
+        self.codec_s = 0.0  # copying steps out, validating them, writing actions: the learner's time split
+
+    async def start(self) -> str | None:
+        """Listen in a fresh private directory; return the ``unix:/path`` address.
+
+        None (and a warning) where this host cannot: no unix SEQPACKET sockets, no writable temporary
+        directory. Actors on this host then connect over gRPC like any other.
+        """
+        path = listener = None
+        try:
+            self._dir = _private_dir()
+            path = os.path.join(self._dir, SOCKET_NAME)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            listener.bind(path)
+        except (AttributeError, OSError) as err:
+            if listener is not None:
+                listener.close()
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+            log.warning("no same-host transport (cannot listen on a unix socket at %s: %s); actors on this host "
+                        "connect over gRPC", path or "a temporary directory", err)
+            return None
+        os.chmod(path, 0o600)  # the 0700 directory already keeps others out; this says so on the file too
+        listener.listen(128)
+        listener.setblocking(False)
+        self._listener = listener
+        self._accepting = asyncio.create_task(self._accept())
+        self.address = wire.SCHEME + path
+        return self.address
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        """Stop accepting, remove the socket's directory, give open connections ``grace`` seconds, end them."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+        if self._listener is not None:
+            self._listener.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+        tasks = set(self._tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(self._listener)
+            except OSError as err:  # out of file descriptors, say: the listener stays readable, so wait a little
+                log.warning("same-host transport: cannot accept a connection (%s); trying again in 1 s", err)
+                await asyncio.sleep(1.0)
+                continue
+            sock.setblocking(False)
+            task = asyncio.create_task(self._serve(sock))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, sock: socket.socket) -> None:
+        """One actor's connection: the hello, then one step and one reply at a time until either side ends."""
+        peer = _Peer(sock)
+        session = region = None
+        who = "a local client"
+        try:
+            hello = await asyncio.wait_for(self._hello(peer), HELLO_TIMEOUT_S)
+            if hello is None:
+                return
+            who = f"actor {hello.actor_id}"
+            layout = self._layout(hello, who)
+            session, welcome = self._handler.connect(hello)
+            fd, region = _allocate(layout, who)
+            try:
+                reply = pb.Welcome(seed=welcome.seed, learner_run=welcome.learner_run).SerializeToString()
+                peer.send_with_fd(wire.REPLY.pack(wire.WELCOME, 0) + reply, fd)
+            finally:
+                os.close(fd)  # the actor has its own descriptor now; the mapping keeps the memory
+            frame = await peer.frame(wire.STEP.size + 1)
+            while frame:
+                start = time.perf_counter()
+                data = self._step(frame, region, hello, who)
+                self.codec_s += time.perf_counter() - start
+                reply = await session.step(data)
+                if reply is None:
+                    await peer.send(wire.REPLY.pack(wire.OVER, 0))
+                    return
+                if reply.actions is None:
+                    await peer.send(wire.REPLY.pack(wire.RETRY, reply.version))
+                else:
+                    start = time.perf_counter()
+                    region.actions[...] = reply.actions  # before the frame: the actor reads them after it
+                    self.codec_s += time.perf_counter() - start
+                    await peer.send(wire.REPLY.pack(wire.ACTION, reply.version))
+                frame = await peer.frame(wire.STEP.size + 1)
+        except Refused as err:
+            await self._refuse(peer, err.code, str(err), who)
+        except asyncio.TimeoutError:
+            await self._refuse(peer, FAILED_PRECONDITION, f"no hello within {HELLO_TIMEOUT_S:.0f} s", who)
+        except ConnectionError:
+            pass  # the actor went away while a reply was on its way: its end, as a closed stream
+        except Exception:  # a fault of the learner's: end this connection (the actor reconnects), keep the rest
+            log.exception("same-host transport: the connection of %s failed", who)
+        finally:
+            peer.close()
+            if session is not None:
+                session.close()
+            if region is not None:
+                region.close()
+
+    async def _hello(self, peer: _Peer) -> HelloInfo | None:
+        """Read and check the hello: the header frame, then the ``pb.Hello`` bytes in chunks (None: the client left)."""
+        head = await peer.frame(wire.HELLO.size + 1)
+        if not head:
+            return None
+        if len(head) != wire.HELLO.size or not head.startswith(wire.HELLO_MAGIC):
+            raise Refused(FAILED_PRECONDITION,
+                          f"the first message must be a hello header ({wire.HELLO.size} bytes starting with "
+                          f"{wire.HELLO_MAGIC!r}), got {len(head)} bytes starting with {head[:8]!r}; connect with "
+                          "`lockstep actor --learner unix:PATH` of the learner's lockstep version")
+        _, size = wire.HELLO.unpack(head)
+        if size > self._max_bytes:
+            raise Refused(RESOURCE_EXHAUSTED, f"a hello of {size} bytes is over the limit of {self._max_bytes} "
+                          "(learner.max_message_mb)")
+        body = bytearray()
+        while len(body) < size:
+            chunk = await peer.frame(wire.CHUNK + 1)
+            if not chunk:
+                return None
+            due = min(wire.CHUNK, size - len(body))
+            if len(chunk) > due:
+                raise Refused(INVALID_ARGUMENT, f"hello: a chunk of {len(chunk)} bytes where at most {due} were due")
+            body += chunk
+        try:
+            msg = pb.Hello.FromString(bytes(body))
+        except DecodeError:
+            raise Refused(FAILED_PRECONDITION, "the first message must be a hello, got bytes that are not a "
+                          "protobuf Hello message") from None
+        try:
+            hello = hello_from_proto(msg)
+        except CodecError as err:
+            raise Refused(INVALID_ARGUMENT, f"hello: {err}") from None
+        return hello
+
+    def _layout(self, hello: HelloInfo, who: str) -> wire.Layout | None:
+        """The actor's region, sized before the handler sees the hello (None: ``connect`` refuses num_envs < 1)."""
+        if hello.num_envs < 1:
+            return None
+        try:
+            layout = wire.Layout(hello.num_envs, hello.observation, hello.action)
+        except (CodecError, TypeError, ValueError) as err:
+            raise Refused(INVALID_ARGUMENT, f"{who}: {err}") from None
+        if layout.size > self._max_bytes:
+            raise Refused(INVALID_ARGUMENT, f"{who}: {hello.num_envs} env(s) of {hello.observation.describe()} "
+                          f"need {layout.size} bytes of shared memory, over the limit of {self._max_bytes} "
+                          "(learner.max_message_mb); give the actor fewer envs or raise the limit")
+        return layout
+
+    def _step(self, frame: bytes, memory: wire.Region, hello: HelloInfo, who: str) -> StepData:
+        """Copy one step out of the region (the actor could change the region at any time, not the copies)
+        and validate the copies as a gRPC step is validated."""
+        if len(frame) != wire.STEP.size:
+            raise Refused(INVALID_ARGUMENT, f"{who}: a step frame of {len(frame)} bytes; expected {wire.STEP.size} "
+                          "(kind, final observations, finished episodes)")
+        kind, m, e = wire.STEP.unpack(frame)
+        if kind != wire.STEP_KIND:
+            raise Refused(FAILED_PRECONDITION, f"{who}: expected a step frame, got kind {kind:#x}")
+        k = hello.num_envs
+        if m > k or e > k:
+            raise Refused(INVALID_ARGUMENT, f"{who}: step frame: {m} final observation(s) and {e} finished "
+                          f"episode(s) in one step of {k} env(s); at most one of each per env")
+        data = StepData(
+            obs=memory.obs.copy(), reward=memory.reward.copy(),
+            terminated=memory.terminated.copy(), truncated=memory.truncated.copy(),
+            final_index=memory.final_index[:m].copy(), final_obs=memory.final_obs[:m].copy(),
+            episode_return=memory.episode_return[:e].copy(), episode_length=memory.episode_length[:e].copy(),
+        )
+        try:
+            return check_step(data, k, hello.observation, self._sanitize)
+        except CodecError as err:
+            raise Refused(INVALID_ARGUMENT, f"{who}: {err}") from None
+
+    async def _refuse(self, peer: _Peer, code: str, message: str, who: str) -> None:
+        """Tell the client why its connection ends; log each kind of refusal once per client."""
+        self._log_refusal(who, code, message)
+        with contextlib.suppress(OSError):
+            await peer.send(wire.refusal(code, message))
+
+
+def _allocate(layout: wire.Layout, who: str) -> tuple[int, wire.Region]:
+    """The actor's shared memory: its file descriptor (to send) and the learner's mapping of it."""
+    try:
+        fd = wire.create_memory(layout.size)
+    except OSError as err:
+        raise Refused(UNAVAILABLE, f"{who}: cannot allocate {layout.size} bytes of shared memory ({err}); "
+                      "free memory on the learner's host, or connect over gRPC") from None
+    try:
+        return fd, wire.Region(fd, layout)
+    except (OSError, ValueError) as err:
+        os.close(fd)
+        raise Refused(UNAVAILABLE, f"{who}: cannot map {layout.size} bytes of shared memory ({err})") from None
+
+
+def _private_dir() -> str:
+    """A fresh directory only this user can enter (``mkdtemp`` makes it 0700), short enough for a socket path."""
+    _remove_stale_dirs()
+    path = tempfile.mkdtemp(prefix=DIR_PREFIX)
+    if len(os.path.join(path, SOCKET_NAME).encode()) > MAX_PATH:  # a deep $TMPDIR: fall back to /tmp
+        os.rmdir(path)
+        path = tempfile.mkdtemp(prefix=DIR_PREFIX, dir="/tmp")
+    return path
+
+
+def _remove_stale_dirs() -> None:
+    """Remove this user's socket directories that no learner listens on any more (a learner killed
+    with SIGKILL cannot remove its own). A socket younger than a minute is left alone: its learner
+    may be between ``bind`` and ``listen``."""
+    for parent in {tempfile.gettempdir(), "/tmp"}:
+        for folder in glob.glob(os.path.join(parent, DIR_PREFIX + "*")):
+            path = os.path.join(folder, SOCKET_NAME)
+            try:
+                info = os.lstat(path)
+                if (info.st_uid != os.getuid() or time.time() - info.st_mtime < 60
+                        or os.listdir(folder) != [SOCKET_NAME]):
+                    continue
+                with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+                    probe.settimeout(1.0)
+                    probe.connect(path)  # a live learner accepts (and drops a client that says nothing)
+            except ConnectionRefusedError:
+                shutil.rmtree(folder, ignore_errors=True)
+                log.info("removed %s: its learner is gone", folder)
+            except OSError:
+                continue
+
+
+class _Peer:
+    """One accepted connection, read by a callback registered on the event loop.
+
+    A frame is read when one is due (the hello, the next step). In between, while the learner
+    serves a step (possibly holding it until the next version), the callback only peeks: when the
+    actor has gone (EOF, reset), it cancels the connection's task, which ends the session at once,
+    as grpc.aio cancels the handler of a stream whose client went away. A frame that comes before
+    its reply pauses the callback; it stays in the socket and is read in its turn.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._waiter: asyncio.Future | None = None
+        self._size = 0
+        self._watching = False
+
+    async def frame(self, size: int) -> bytes:
+        """The next frame, at most ``size`` bytes (pass one more than allowed to see an oversized one); b"": the end."""
+        self._watch()  # from the first frame on, and again after a frame that came before its reply
+        try:
+            return self.sock.recv(size)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            return b""
+        self._waiter, self._size = self._loop.create_future(), size
+        try:
+            return await self._waiter
+        finally:
+            self._waiter = None
+
+    def _readable(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            if waiter.done():
+                return  # answered; the task has not resumed yet
+            try:
+                data = self.sock.recv(self._size)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            waiter.set_result(data)
+            return
+        try:
+            data = self.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        self._unwatch()  # until the next frame is due
+        if not data and self._task is not None:
+            self._task.cancel()  # the actor is gone while its step is served
+
+    def _watch(self) -> None:
+        if not self._watching:
+            self._loop.add_reader(self.sock.fileno(), self._readable)
+            self._watching = True
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._loop.remove_reader(self.sock.fileno())
+            self._watching = False
+
+    async def send(self, frame: bytes) -> None:
+        """Send one frame (whole, or not at all: SEQPACKET); ConnectionError when the actor is gone."""
+        try:
+            self.sock.send(frame, _NOSIGNAL)
+        except (BlockingIOError, InterruptedError):  # only a client that does not read its replies fills the buffer
+            await self._loop.sock_sendall(self.sock, frame)
+
+    def send_with_fd(self, frame: bytes, fd: int) -> None:
+        """The welcome and the region's descriptor: the connection's first message, so the buffer has room."""
+        try:
+            socket.send_fds(self.sock, [frame], [fd], _NOSIGNAL)
+        except BlockingIOError as err:
+            raise ConnectionError("the actor's socket buffer is full before the welcome") from err
+
+    def close(self) -> None:
+        self._unwatch()
+        self.sock.close()

@@ -1,0 +1,81 @@
+"""In-process actors: env loops as tasks on the learner's event loop, through the same sessions and gate."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+
+from lockstep.config import Config
+from lockstep.launch.local import train
+from lockstep.tools import audit
+
+FAILING_ENV = '''
+import gymnasium as gym
+
+FAILED = []
+
+
+class FailsOnce(gym.Wrapper):
+    """Raises once, at the 50th step of the first env created in this process."""
+
+    steps = 0
+
+    def step(self, action):
+        FailsOnce.steps += 1
+        if FailsOnce.steps == 50 and not FAILED:
+            FAILED.append(True)
+            raise RuntimeError("the simulator crashed (injected)")
+        return self.env.step(action)
+
+
+def make(**kwargs):
+    return FailsOnce(gym.make("CartPole-v1", **kwargs))
+'''
+
+
+def _config(tmp_path, **changes) -> Config:
+    config = Config()
+    config.env.actors, config.env.envs_per_actor = 2, 3
+    config.ppo.steps_per_env, config.ppo.total_steps = 16, 2 * 3 * 16 * 8
+    config.learner.transport = "inprocess"
+    config.run.progress = False
+    config.run.audit = True
+    config.run.thresholds = []
+    for key, value in changes.items():
+        section, field = key.split(".")
+        setattr(getattr(config, section), field, value)
+    return config
+
+
+def test_in_process_actors_train_strictly_on_policy_and_the_audit_passes(tmp_path):
+    summary = train(_config(tmp_path), tmp_path / "run")
+    assert summary["env_steps"] == 2 * 3 * 16 * 8 and summary["iterations"] == 8
+    assert summary["off_policy_samples"] == 0 and summary["dropped_transitions"] == 0
+    assert summary["transitions_collected"] == summary["transitions_trained"]
+    report = audit.check(tmp_path / "run")
+    assert report.exit_code == 0 and report.differing == 0 and report.samples == 2 * 3 * 16 * 8
+
+
+def test_an_in_process_actor_whose_env_raises_is_restarted_and_its_unroll_dropped(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    (tmp_path / "failingenv.py").write_text(FAILING_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("failingenv", None)
+    budget = 2 * 3 * 16 * 200  # a few seconds: the restart comes after a 1 s backoff
+    summary = train(_config(tmp_path, **{"env.id": "failingenv:make", "run.audit": False, "ppo.total_steps": budget}),
+                    tmp_path / "run")
+    assert summary["env_steps"] >= budget and summary["off_policy_samples"] == 0
+    assert summary["iterations"] > 200  # phases closed with one actor while the other was restarted
+    assert summary["dropped_transitions"] > 0
+    assert summary["transitions_collected"] == summary["transitions_trained"] + summary["dropped_transitions"]
+    _, _, after = caplog.text.partition("failed; restarting in")
+    assert after and "joined" in after  # the failed actor said hello again
+
+
+@pytest.mark.parametrize("transport", ["inprocess"])
+def test_the_transport_is_written_into_the_run_config(tmp_path, transport):
+    train(_config(tmp_path, **{"learner.transport": transport, "ppo.total_steps": 2 * 3 * 16, "run.audit": False}),
+          tmp_path / "run")
+    assert f"transport: {transport}" in (tmp_path / "run" / "config.yaml").read_text()

@@ -1,0 +1,136 @@
+"""An actor that notices a broken connection before the learner does reconnects and trains on.
+
+A TCP proxy between a real actor process and a real learner cuts the actor's side of
+the connection and keeps the learner's side open, so the learner still holds the old
+session (it would notice only through keepalive, seconds later) when the actor says
+hello again with the same actor id and a new run id.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import grpc
+import numpy as np
+import pytest
+from conftest import lockstep_cmd
+from protocol import empty_step, hello
+
+from lockstep import config as config_lib
+from lockstep.learner.wiring import Learner
+from lockstep.transport.grpc.client import Connection
+
+pytestmark = pytest.mark.slow
+
+
+class CuttingProxy:
+    """Forwards TCP connections to ``upstream``; ``cut()`` closes the client sides only."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.client_sides: list[socket.socket] = []
+        self.learner_sides: list[socket.socket] = []
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            self.client_sides.append(client)
+            self.learner_sides.append(server)
+            self.connections += 1
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        """The actor sees its connection reset; the learner sees nothing (no FIN, no RST reaches it)."""
+        for s in self.client_sides:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.close()
+        self.client_sides.clear()
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.client_sides + self.learner_sides:
+            s.close()
+
+
+def _learner(tmp_path, total_steps: int) -> tuple[Learner, threading.Thread, int]:
+    config = config_lib.Config()
+    config.run.progress = False
+    config.ppo.total_steps = total_steps
+    config.ppo.steps_per_env = 16
+    config.learner.min_actors = 1
+    learner = Learner(config, tmp_path / "run")
+    thread = threading.Thread(target=learner.serve)
+    thread.start()
+    return learner, thread, learner.wait_ready(timeout=30)
+
+
+def test_actor_that_reconnects_before_the_learner_noticed_replaces_its_old_session(tmp_path):
+    learner, thread, port = _learner(tmp_path, total_steps=2 * 16 * 40)
+    proxy = CuttingProxy(port)
+    actor = subprocess.Popen([*lockstep_cmd(), "actor", "--learner", f"127.0.0.1:{proxy.port}", "--num-envs", "2",
+                              "--actor-id", "0", "--retry-for", "30"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while learner.trainer.iteration < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert learner.trainer.iteration >= 3
+        proxy.cut()
+        out, _ = actor.communicate(timeout=120)
+        thread.join(timeout=60)
+    finally:
+        actor.kill()
+        learner.stop()
+        proxy.close()
+    assert actor.returncode == 0, out
+    assert proxy.connections >= 2 and "reconnecting" in out
+    assert learner.error is None
+    assert learner.trainer.env_steps >= 2 * 16 * 40
+    counters = learner.report.counters
+    assert counters.off_policy_samples == 0
+    assert counters.transitions_collected == learner.trainer.env_steps + counters.dropped_transitions
+
+
+def test_the_replaced_connection_is_refused_by_name_and_its_unroll_dropped(tmp_path):
+    learner, thread, port = _learner(tmp_path, total_steps=10**9)
+    address = f"127.0.0.1:{port}"
+    try:
+        old = Connection(address, hello(actor_id=5, run_id=uuid.uuid4().hex), connect_timeout=10)
+        for _ in range(3):
+            old.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
+        new_run = uuid.uuid4().hex
+        new = Connection(address, hello(actor_id=5, run_id=new_run), connect_timeout=10)
+        _, version = new.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
+        assert version == 0
+        with pytest.raises(grpc.RpcError) as err:
+            old.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "replaced" in err.value.details() and new_run in err.value.details()
+        assert learner.report.counters.dropped_transitions == 3 * 2
+        assert learner.sessions.actor_ids == [5]
+        new.close()
+        old.close()
+    finally:
+        learner.stop()
+        thread.join(timeout=30)

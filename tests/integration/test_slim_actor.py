@@ -1,0 +1,75 @@
+"""The slim actor install (requirements-actor.txt, then lockstep with --no-deps) has no torch and still trains.
+
+A fresh venv gets only what README's "Actors on other machines" says an actor needs; its ``lockstep actor``
+then connects to a learner served from this process (the full install) and runs until training ends.
+Any module that ``lockstep actor`` loads and that imports torch, rich, TensorBoard or matplotlib at
+module level fails here.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from lockstep import config as config_lib
+from lockstep.learner.wiring import Learner
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "rich", "tensorboard", "matplotlib")
+OFFLINE = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable")
+
+
+def _pip_install(python: Path, *args: str) -> None:
+    result = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+                            capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        if any(sign in result.stdout + result.stderr for sign in OFFLINE):
+            pytest.skip("the package index cannot be reached")
+        raise AssertionError(f"pip install {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+
+
+@pytest.mark.slow
+def test_an_actor_installed_without_torch_trains_with_a_learner(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    # Install from a copy, so that pip's build leaves nothing in the checkout.
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, project / name)
+    _pip_install(python, "-r", str(ROOT / "requirements-actor.txt"))
+    _pip_install(python, "--no-deps", str(project))
+    found = subprocess.run([str(python), "-c", "import importlib.util as u; "
+                            f"print([m for m in {HEAVY!r} if u.find_spec(m)])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert found == "[]", f"the slim venv has {found}"
+
+    config = config_lib.Config()
+    config.run.progress = False
+    config.run.thresholds = []
+    config.env.envs_per_actor = 2
+    config.ppo.steps_per_env, config.ppo.total_steps = 16, 2 * 16 * 3
+    config.learner.min_actors = 1
+    config.learner.device = "cpu"
+    learner = Learner(config, tmp_path / "run")
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(summary=learner.serve()))
+    thread.start()
+    try:
+        address = f"127.0.0.1:{learner.wait_ready(timeout=60)}"
+        actor = subprocess.run([str(venv / "bin" / "lockstep"), "actor", "--learner", address, "--num-envs", "2"],
+                               capture_output=True, text=True, timeout=120)
+    finally:
+        thread.join(timeout=60)
+        if thread.is_alive():
+            learner.stop()
+            thread.join(timeout=30)
+    assert actor.returncode == 0, actor.stderr
+    assert "the learner finished training" in actor.stderr
+    assert outcome["summary"]["env_steps"] == 2 * 16 * 3

@@ -1,0 +1,129 @@
+"""A misconfigured actor ends within seconds with one line that names the cause and the flag that fixes it.
+
+Each test runs a real ``lockstep actor`` process against a real learner (TLS and a token, or plaintext)
+served from this process, with a reconnect budget far longer than the bound on how long it may take:
+an actor that retried instead of diagnosing would fail the time bound.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import lockstep_cmd
+
+from lockstep import config as config_lib
+from lockstep.learner.wiring import Learner
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+TOKEN = "s3cret"
+BOUND_S = 20.0  # generous on a loaded machine; a diagnosed actor needs about one second plus its start-up
+
+
+def _certificate(directory, name: str) -> tuple[str, str]:
+    """A self-signed certificate (its own CA) for localhost and 127.0.0.1, and its key."""
+    cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+class _Learner:
+    def __init__(self, run_dir, tls: tuple[str, str] | None) -> None:
+        config = config_lib.Config()
+        config.run.progress = False
+        config.ppo.total_steps = 10**9
+        config.ppo.steps_per_env = 16
+        config.learner.min_actors = 1
+        if tls:
+            config.learner.tls_cert, config.learner.tls_key = tls
+        self.learner = Learner(config, run_dir, token=TOKEN)
+        self.thread = threading.Thread(target=self.learner.serve)
+        self.thread.start()
+        self.address = f"127.0.0.1:{self.learner.wait_ready(timeout=60)}"
+
+    def close(self) -> None:
+        self.learner.stop()
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("certs")
+    return {"learner": _certificate(directory, "learner"), "other": _certificate(directory, "other")}
+
+
+@pytest.fixture(scope="module")
+def tls_learner(tmp_path_factory, certs):
+    running = _Learner(tmp_path_factory.mktemp("tls") / "run", certs["learner"])
+    yield running
+    running.close()
+
+
+@pytest.fixture(scope="module")
+def plain_learner(tmp_path_factory):
+    running = _Learner(tmp_path_factory.mktemp("plain") / "run", None)
+    yield running
+    running.close()
+
+
+def _actor(address: str, *flags: str) -> tuple[int, float, str]:
+    """Run ``lockstep actor`` until it exits; return its exit code, seconds taken and stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCKSTEP_TOKEN", "GRPC_VERBOSITY")}
+    start = time.monotonic()
+    result = subprocess.run([*lockstep_cmd(), "actor", "--learner", address, "--num-envs", "1",
+                             "--retry-for", "120", "--connect-timeout", "60", *flags],
+                            capture_output=True, text=True, timeout=90, env=env)
+    return result.returncode, time.monotonic() - start, result.stderr
+
+
+def _one_error_line(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, stderr
+    assert "Handshake failed" not in stderr, "gRPC's own handshake lines should be kept out of the way"
+    return errors[0]
+
+
+def test_a_plaintext_actor_at_a_tls_learner_is_told_to_pass_tls_ca(tls_learner):
+    code, seconds, stderr = _actor(tls_learner.address, "--token", TOKEN)
+    line = _one_error_line(stderr)
+    assert code == 2 and seconds < BOUND_S, (code, seconds, stderr)
+    assert f"the learner at {tls_learner.address} speaks TLS: pass --tls-ca CA.pem" in line
+
+
+def test_an_actor_trusting_the_wrong_ca_is_told_which_flag_to_fix(tls_learner, certs):
+    code, seconds, stderr = _actor(tls_learner.address, "--token", TOKEN, "--tls-ca", certs["other"][0])
+    line = _one_error_line(stderr)
+    assert code == 2 and seconds < BOUND_S, (code, seconds, stderr)
+    assert f"does not verify against --tls-ca {certs['other'][0]}" in line
+    assert "pass --tls-ca with the CA certificate that signed the learner's --tls-cert" in line
+
+
+def test_a_wrong_server_name_lists_the_names_the_certificate_holds(tls_learner, certs):
+    code, seconds, stderr = _actor(tls_learner.address, "--token", TOKEN, "--tls-ca", certs["learner"][0],
+                                   "--tls-server-name", "learner.example")
+    line = _one_error_line(stderr)
+    assert code == 2 and seconds < BOUND_S, (code, seconds, stderr)
+    assert "is not valid for 'learner.example' (it names: localhost, 127.0.0.1)" in line
+    assert "pass --tls-server-name" in line
+
+
+def test_a_wrong_token_names_the_token_flag(tls_learner, certs):
+    code, seconds, stderr = _actor(tls_learner.address, "--token", "wrong", "--tls-ca", certs["learner"][0])
+    line = _one_error_line(stderr)
+    assert code == 2 and seconds < BOUND_S, (code, seconds, stderr)
+    assert f"the learner at {tls_learner.address} refused this actor: wrong token" in line
+    assert "--token" in line and "LOCKSTEP_TOKEN" in line
+
+
+def test_a_tls_actor_at_a_plaintext_learner_is_told_to_drop_tls_ca(plain_learner, certs):
+    code, seconds, stderr = _actor(plain_learner.address, "--token", TOKEN, "--tls-ca", certs["learner"][0])
+    line = _one_error_line(stderr)
+    assert code == 2 and seconds < BOUND_S, (code, seconds, stderr)
+    assert f"the learner at {plain_learner.address} does not speak TLS: drop --tls-ca" in line

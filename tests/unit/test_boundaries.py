@@ -1,0 +1,62 @@
+"""The boundaries of docs/architecture.md, checked in fresh interpreters and on the source tree."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "lockstep"
+
+
+def _imported_after(module: str) -> set[str]:
+    """Top-level packages loaded by importing ``module`` in a fresh interpreter."""
+    code = f"import sys, {module}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+@pytest.mark.parametrize("module", ["lockstep.actor", "lockstep.common.backoff", "lockstep.envs",
+                                    "lockstep.transport.grpc.client", "lockstep.transport.shm.client"])
+def test_the_actor_side_imports_no_torch(module):
+    assert "torch" not in _imported_after(module)
+
+
+@pytest.mark.parametrize("module", ["lockstep.sync", "lockstep.sync.gate", "lockstep.sync.reference"])
+def test_sync_imports_neither_torch_nor_grpc(module):
+    loaded = _imported_after(module)
+    assert "torch" not in loaded and "grpc" not in loaded
+
+
+def test_ppo_knows_nothing_of_transport_processes_or_versions():
+    tree = ast.parse((SRC / "algo" / "ppo.py").read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+             for alias in node.names} | {node.module for node in ast.walk(tree)
+                                         if isinstance(node, ast.ImportFrom) and node.module}
+    assert not {n for n in names if n.split(".")[0] in ("grpc", "multiprocessing", "asyncio", "threading")}
+    assert not {n for n in names if n.startswith("lockstep.") and n != "lockstep.algo.ppo"}
+
+
+def test_the_rollout_store_needs_no_torch():
+    assert "torch" not in _imported_after("lockstep.learner.rollout")
+
+
+def test_the_runtime_package_never_imports_the_benchmarks_or_the_model_checker():
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (
+                    "lockstep_bench", "lockstep_verify"):
+                assert path.name == "cli.py" and node.module == "lockstep_bench", (
+                    f"{path.relative_to(SRC)} imports {node.module}: the runtime must work without dev/")
+
+
+def test_the_learner_is_the_wiring_and_never_names_a_strategy():
+    learner = (SRC / "learner" / "wiring.py").read_text()
+    assert len(learner.splitlines()) <= 250
+    for name in ("strict", "pipelined", "spin-flags", "spin-redo", "reject-retry", "seqlock"):
+        assert f'"{name}"' not in learner, f"the learner branches on the strategy name {name}"
+    assert "reference is None" not in learner and "batcher is None" not in learner

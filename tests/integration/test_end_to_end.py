@@ -1,4 +1,5 @@
-"""Training end to end: a learner, actor processes, real gRPC over loopback, real PPO."""
+"""Training end to end: a learner, actor processes over the default same-host transport (shared memory and a
+unix socket), real PPO."""
 
 from __future__ import annotations
 

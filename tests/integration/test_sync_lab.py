@@ -1,4 +1,5 @@
-"""Synchronization strategies on the real learner: real actor processes, real gRPC, real PPO."""
+"""Synchronization strategies on the real learner: real actor processes over the default same-host transport
+(shared memory and a unix socket), real PPO."""
 
 from __future__ import annotations
 

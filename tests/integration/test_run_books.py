@@ -72,7 +72,7 @@ def test_pipelined_run_killed_and_resumed_balances_its_books_and_counts_each_inc
         first.wait()
     finally:
         first.kill()
-    _, saved = checkpoint.newest(run_dir / "checkpoints")
+    saved = checkpoint.load(checkpoint.find(run_dir / "checkpoints"))
     in_flight = (saved["counters"]["transitions_collected"] - saved["trainer"]["env_steps"]
                  - saved["counters"]["dropped_transitions"])
     assert in_flight > 0, "pipelined mode collects while it trains: the checkpoint should have work in flight"

@@ -44,6 +44,7 @@ from lockstep.envs import SpaceSpec, make_env
 from lockstep.learner import checkpoint as checkpoint_lib
 from lockstep.learner.inference import act, act_recurrent
 from lockstep.models import Policy, build_policy, resolve_device
+from lockstep.observe.run_dir import NotARunDir, RunDir
 
 VIDEO_INSTALL = "pip install -e '.[video]'"
 ATARI_FPS = 15  # the ALE runs at 60 frames a second and each agent step holds its action for wrap_atari's 4
@@ -92,7 +93,7 @@ def load_policy(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, a
     and the iteration it was written at."""
     config = load_config(run_dir)
     try:
-        path = checkpoint_lib.find(run_dir / "checkpoints", checkpoint or checkpoint_lib.FINAL)
+        path = checkpoint_lib.find(RunDir(run_dir).checkpoints, checkpoint or checkpoint_lib.FINAL)
     except FileNotFoundError as err:
         raise EvalError(f"{err}; pass --checkpoint FILE to use another" if checkpoint is None else str(err)) from err
     trainer = checkpoint_lib.load(path)["trainer"]
@@ -110,11 +111,10 @@ def load_policy(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, a
 
 
 def load_config(run_dir: Path) -> config_lib.Config:
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise EvalError(f"{path} not found: {run_dir} is not a lockstep run directory (one that "
-                        "`lockstep train` or `lockstep learner` wrote)")
-    return config_lib.load(path)
+    try:
+        return RunDir(run_dir).config()
+    except NotARunDir as err:
+        raise EvalError(str(err)) from err
 
 
 def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, seed: int = 0,

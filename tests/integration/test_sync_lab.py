@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from lockstep_bench import hooks
+from lockstep_bench.runs import Knobs
 
 from lockstep import config as config_lib
 from lockstep.launch.local import train
@@ -26,9 +28,9 @@ def _config(tmp_path, strategy: str, **overrides) -> config_lib.Config:
 def test_strict_with_random_delays_and_16_actors_trains_only_on_policy(tmp_path):
     config = _config(tmp_path, "strict", **{
         "env.actors": 16, "env.envs_per_actor": 1, "ppo.steps_per_env": 16, "ppo.total_steps": 16 * 16 * 6,
-        "sync.jitter_ms": 3.0, "run.audit": True,
+        "run.audit": True,
     })
-    summary = train(config, tmp_path / "run")
+    summary = train(config, tmp_path / "run", parts=hooks.parts(Knobs(jitter_ms=3.0)))
     rows = RunDir(tmp_path / "run").metrics()
     assert len(rows) == 6
     assert summary["off_policy_samples"] == 0 and summary["torn_reads"] == 0 and summary["torn_reads_used"] == 0
@@ -44,10 +46,10 @@ def test_strict_with_random_delays_and_16_actors_trains_only_on_policy(tmp_path)
 @pytest.mark.parametrize("max_lag", [1, 2])
 def test_pipelined_lag_stays_within_its_bound_and_cartpole_still_learns(tmp_path, max_lag):
     config = _config(tmp_path, "pipelined", **{
-        "sync.max_lag": max_lag, "sync.jitter_ms": 2.0, "env.actors": 2, "env.envs_per_actor": 4,
+        "sync.max_lag": max_lag, "env.actors": 2, "env.envs_per_actor": 4,
         "ppo.steps_per_env": 32, "ppo.lr": 1e-3, "ppo.total_steps": 80_000, "run.stop_at_return": 195,
     })
-    summary = train(config, tmp_path / "run")
+    summary = train(config, tmp_path / "run", parts=hooks.parts(Knobs(jitter_ms=2.0)))
     rows = RunDir(tmp_path / "run").metrics()
     lags = [int(r["policy_lag_max"]) for r in rows]
     assert max(lags) <= max_lag

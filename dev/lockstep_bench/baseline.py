@@ -21,7 +21,7 @@ pass has the same fixed shape: for the same config and seed the two learn the sa
 Timing is measured like the learner's ``sps``: from the first env step to the end of
 the last update; env steps are trained transitions. ``time_split_s`` is a cheap
 in-process account: env (vector env steps and their bookkeeping), inference (noise +
-forward pass), training (``Trainer.train``; with ``run.collect_only``, ``count_only``),
+forward pass), training (``Trainer.train``; with ``--collect-only``, ``hooks.CollectOnlyTrainer``'s),
 other (rollout store, episode statistics, new snapshots).
 
     python -m lockstep_bench.baseline CONFIG_YAML OUT_JSON [--collect-only] [--set KEY=VALUE ...]
@@ -49,10 +49,11 @@ from lockstep.learner.rollout import Unroll, assemble
 from lockstep.learner.trainer import Trainer
 from lockstep.models import resolve_device
 from lockstep.observe.metrics import EpisodeTracker
+from lockstep_bench.hooks import CollectOnlyTrainer
 
 
-def run(config: config_lib.Config) -> dict[str, Any]:
-    """Train (or, with ``run.collect_only``, only collect) to ``ppo.total_steps``, ``run.time_limit_s`` or
+def run(config: config_lib.Config, collect_only: bool = False) -> dict[str, Any]:
+    """Train (or, with ``collect_only``, only collect) to ``ppo.total_steps``, ``run.time_limit_s`` or
     ``run.stop_at_return``, whichever comes first, as the learner does."""
     config.validate()
     torch.set_num_threads(config.learner.torch_threads)
@@ -66,8 +67,8 @@ def run(config: config_lib.Config) -> dict[str, Any]:
         act_spec = envs_lib.SpaceSpec.from_space(vec.single_action_space)
         spec = envs_lib.EnvSpec(config.env.id, obs_spec, act_spec)
         shapes = (obs_spec.shape, np.dtype(obs_spec.dtype), act_spec.element_shape, act_spec.action_dtype)
-        trainer = Trainer(config, spec, device, max_lag=0)
-        episodes = EpisodeTracker(config.run.thresholds)
+        trainer = (CollectOnlyTrainer if collect_only else Trainer)(config, spec, device, max_lag=0)
+        episodes = EpisodeTracker(config.return_thresholds())  # the learner's thresholds
         loop = EnvLoop(vec, act_spec)  # the actor's own env loop
         actors = range(config.env.actors)  # the learner's layout: actor a's k slots after actor a-1's
         k = config.env.envs_per_actor
@@ -102,10 +103,7 @@ def run(config: config_lib.Config) -> dict[str, Any]:
             unroll.finish(loop.obs)
             batch = assemble(snapshot.version, [unroll])
             start = time.perf_counter()
-            if config.run.collect_only:
-                trainer.count_only(batch)
-            else:
-                trainer.train(batch)
+            trainer.train(batch)
             training_s += time.perf_counter() - start
             wall = time.perf_counter() - t0
             curve.append([trainer.env_steps, round(wall, 3), episodes.stats()["episode_return_mean20"]])
@@ -124,7 +122,7 @@ def run(config: config_lib.Config) -> dict[str, Any]:
         "seed": seed,
         "envs": n,
         "steps_per_env": T,
-        "collect_only": config.run.collect_only,
+        "collect_only": collect_only,
         "iterations": trainer.iteration,
         "env_steps": trainer.env_steps,
         "wall_s": round(wall, 3),
@@ -154,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         config_lib.apply_sets(config, args.set)
     except config_lib.ConfigError as err:
         parser.error(str(err))
-    if args.collect_only:
-        config.run.collect_only = True
-    result = run(config)
+    result = run(config, args.collect_only)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -23,7 +23,6 @@ whole budget across seeds, against CleanRL's published figures: ``dev/lockstep_b
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -37,7 +36,9 @@ from typing import Any
 
 from lockstep import config as config_lib
 from lockstep.envs import reward_threshold
-from lockstep_bench import cell, run_process, tail
+from lockstep.observe.run_dir import RunDir
+from lockstep_bench import cell
+from lockstep_bench.runs import command, run_process, tail
 
 MODES = ("distributed", "in-process")
 RUN_KEYS = ["seed", "mode", "reached", "seconds_to_threshold", "env_steps_to_threshold", "final_return",
@@ -88,21 +89,16 @@ def build_config(options: LearnOptions) -> tuple[config_lib.Config, float, str]:
 
 def _command(mode: str, config_path: Path, seed: int, run_path: Path) -> list[str]:
     if mode == "distributed":
-        return [sys.executable, "-m", "lockstep", "train", "--config", str(config_path), "--seed", str(seed),
-                "--run-dir", str(run_path), "--name", run_path.name, "--no-progress"]
+        return command(["--config", str(config_path), "--seed", str(seed), "--run-dir", str(run_path),
+                        "--name", run_path.name])
     return [sys.executable, "-m", "lockstep_bench.baseline", str(config_path), str(run_path),
             "--set", f"run.seed={seed}"]
 
 
 def _final_mean20(run_dir: Path) -> float | None:
     """The last ``episode_return_mean20`` in a run's metrics.csv (the mean of its last 20 episodes)."""
-    try:
-        with open(run_dir / "metrics.csv", newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
-        return None
-    value = rows[-1].get("episode_return_mean20") if rows else None
-    return float(value) if value else None
+    rows = RunDir(run_dir).metrics()
+    return rows[-1].get("episode_return_mean20") if rows else None
 
 
 def _record(mode: str, seed: int, key: str, run_path: Path, rc: int | None, process_s: float, timeout_s: float,

@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lockstep import config as config_lib
-from lockstep_bench import cell, run_process
-from lockstep_bench.soak import metrics_rows
+from lockstep.observe.run_dir import RunDir, Value
+from lockstep_bench import cell, runs
 
 # metrics.csv columns that must be identical (the others are times, rates and timing-dependent counts)
 COMPARED = ["episodes", "episode_return_mean", "episode_return_mean20", "episode_length_mean", "policy_loss",
@@ -98,19 +97,17 @@ def _train(config: config_lib.Config, out: Path, name: str, timeout_s: float) ->
     run_dir = Path(config.run.run_dir)
     config_path = out / f"{name}.yaml"
     config_lib.save(config, config_path)
-    cmd = [sys.executable, "-m", "lockstep", "train", "--config", str(config_path), "--no-progress"]
-    rc, process_s = run_process(cmd, out / f"{name}.log", timeout_s)  # on timeout its process group is killed
-    result: dict[str, Any] = {"returncode": rc, "process_s": round(process_s, 2)}
-    summary = run_dir / "summary.json"
-    if summary.exists():
-        s = json.loads(summary.read_text())
+    run = runs.train(config_path, run_dir, out / f"{name}.log", timeout_s)  # on timeout its process group is killed
+    result: dict[str, Any] = {"returncode": run.returncode, "process_s": round(run.process_s, 2)}
+    s = run.run.summary()
+    if s is not None:
         result.update({k: s.get(k) for k in ("iterations", "env_steps", "wall_s", "sps", "forward_passes",
                                               "inference_batch_mean", "learner_cpu_s")})
     return result
 
 
-def first_difference(a: list[dict[str, str]], b: list[dict[str, str]]) -> dict[str, Any] | None:
-    """The first (row, column) where the compared columns differ, as written (None: identical)."""
+def first_difference(a: list[dict[str, Value]], b: list[dict[str, Value]]) -> dict[str, Any] | None:
+    """The first (row, column) where the compared columns differ, as read (None: identical)."""
     for i, (ra, rb) in enumerate(zip(a, b)):
         for column in COMPARED:
             if ra.get(column) != rb.get(column):
@@ -128,8 +125,8 @@ def parameters_identical(run_a: Path, run_b: Path) -> bool:
 
     from lockstep.learner import checkpoint
 
-    a = checkpoint.load(run_a / "checkpoints" / "final.pt")["trainer"]
-    b = checkpoint.load(run_b / "checkpoints" / "final.pt")["trainer"]
+    a = checkpoint.load(checkpoint.find(RunDir(run_a).checkpoints, "final.pt"))["trainer"]
+    b = checkpoint.load(checkpoint.find(RunDir(run_b).checkpoints, "final.pt"))["trainer"]
     if a["model"].keys() != b["model"].keys():
         return False
     same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
@@ -156,7 +153,7 @@ def run(options: ReproOptions, out: Path) -> dict[str, Any]:
     if failed:
         report["error"] = f"run(s) {', '.join(failed)} failed; see {', '.join(f'{n}.log' for n in failed)}"
     else:
-        metrics = {n: metrics_rows(Path(configs[n].run.run_dir)) for n in RUNS}
+        metrics = {n: RunDir(configs[n].run.run_dir).metrics() for n in RUNS}
         report["rows"] = [len(metrics[n]) for n in RUNS]
         report["first_difference"] = first_difference(metrics["quiet"], metrics["loaded"])
         report["metrics_identical"] = report["first_difference"] is None and len(metrics["quiet"]) > 0

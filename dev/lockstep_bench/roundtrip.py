@@ -1,7 +1,7 @@
 """The round-trip micro-benchmark: one env per message, so every message is one round trip.
 
-For each transport, a real ``lockstep train`` with one actor process of one env, collecting
-only (``run.collect_only``: batches are checked and counted, never trained), so the learner's
+For each transport, ``lockstep train`` with one actor process of one env, collecting only
+(``python -m lockstep_bench.train --collect-only``: batches are checked and counted, never trained), so the learner's
 CPU goes to receiving a step, the session and the gate, one forward pass and the reply.
 
     round trips/s        env steps per second over the run (one per message)
@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 from lockstep import config as config_lib
-from lockstep_bench import cell, run_process, tail
+from lockstep_bench import cell, runs
 
 TRANSPORTS = ("inprocess", "shm", "grpc")
 KEYS = ["transport", "round_trips_per_s", "learner_cpu_us_per_message", "messages", "wall_s", "loadavg_1m",
@@ -30,7 +29,6 @@ def build_config(messages: int, time_limit_s: float) -> config_lib.Config:
     config.env.id, config.env.actors, config.env.envs_per_actor = "CartPole-v1", 1, 1
     config.ppo.steps_per_env = 512
     config.ppo.total_steps = max(512, messages // 512 * 512)
-    config.run.collect_only = True
     config.run.progress = False
     config.run.thresholds = []
     config.run.time_limit_s = time_limit_s
@@ -51,15 +49,13 @@ def run(out: Path, messages: int = 20_480, time_limit_s: float = 20.0,
         shutil.rmtree(run_dir, ignore_errors=True)
         print(f"[roundtrip] {transport}: running ...", flush=True)
         load_1m = round(os.getloadavg()[0], 2)
-        cmd = [sys.executable, "-m", "lockstep", "train", "--config", str(config_path), "--run-dir", str(run_dir),
-               "--transport", transport, "--no-progress"]
-        rc, _ = run_process(cmd, out / f"roundtrip-{transport}.log", 3 * time_limit_s + 60)
+        run = runs.train(config_path, run_dir, out / f"roundtrip-{transport}.log", 3 * time_limit_s + 60,
+                         ("--transport", transport), runs.Knobs(collect_only=True))
         row: dict[str, Any] = {k: None for k in KEYS} | {"transport": transport, "loadavg_1m": load_1m}
-        summary_path = run_dir / "summary.json"
-        if rc != 0 or not summary_path.is_file():
-            row["error"] = f"exit code {rc}: {tail(out / f'roundtrip-{transport}.log')}"
+        if run.error:
+            row["error"] = run.error
         else:
-            summary = json.loads(summary_path.read_text())
+            summary = run.run.summary()
             steps = summary["env_steps"]
             row.update(round_trips_per_s=summary["sps"], messages=steps, wall_s=summary["wall_s"],
                        learner_cpu_us_per_message=round(1e6 * summary["learner_cpu_s"] / steps, 1) if steps else None)

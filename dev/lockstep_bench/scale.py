@@ -47,7 +47,9 @@ from typing import Any
 import grpc
 
 from lockstep import config as config_lib
-from lockstep_bench import cell, tail
+from lockstep.observe.run_dir import RunDir
+from lockstep_bench import cell, runs
+from lockstep_bench.runs import tail
 
 ENV_ID = "CartPole-v1"  # its spaces: Box(4) float32 observations, Discrete(2) actions; the clients fake the dynamics
 
@@ -135,12 +137,6 @@ def _wait_for_port(learner: subprocess.Popen, log_path: Path, timeout_s: float) 
     raise RuntimeError(f"the learner did not listen within {timeout_s:.0f} s: {tail(log_path)}")
 
 
-def _metrics_rows(run_dir: Path) -> int:
-    try:
-        return max(0, len((run_dir / "metrics.csv").read_text().splitlines()) - 1)
-    except OSError:
-        return 0
-
 
 def _kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
@@ -171,7 +167,7 @@ def _watch(learner: subprocess.Popen, clients: list[tuple], run_dir: Path, opts:
     rows, last_change = 0, time.monotonic()
     while learner.poll() is None:
         time.sleep(0.25)
-        now, count = time.monotonic(), _metrics_rows(run_dir)
+        now, count = time.monotonic(), len(RunDir(run_dir).metrics())
         if count != rows:
             rows, last_change = count, now
         if rows:  # every actor has connected and a phase has trained: the running learner's memory, at its largest
@@ -209,10 +205,9 @@ def run_size(actors: int, envs: int, opts: ScaleOptions, out: Path) -> dict[str,
         "actors": actors, "envs_per_actor": envs, "client_processes": math.ceil(actors / opts.actors_per_process),
         "load_1m_start": round(os.getloadavg()[0], 2), "errors": []}
     log_path = folder / "learner.log"
-    cmd = [sys.executable, "-m", "lockstep", "learner", "--config", str(folder / "config.yaml"),
-           "--run-dir", str(run_dir), "--no-progress"]
     with log_path.open("w") as log:
-        learner = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        learner = runs.start(["--config", str(folder / "config.yaml"), "--run-dir", str(run_dir)], log,
+                             subcommand="learner", new_session=True)
     clients: list[tuple] = []
     try:
         port = _wait_for_port(learner, log_path, opts.startup_s)
@@ -252,11 +247,10 @@ def _fill(row: dict[str, Any], counts: list[dict], run_dir: Path, log_path: Path
                stall_warnings=log_path.read_text().count("has collected for more than"))
     if replies:
         row["client_cpu_us_per_message"] = round(1e6 * sum(c["cpu_s"] for c in counts) / replies, 1)
-    summary_path = run_dir / "summary.json"
-    if not summary_path.exists():
+    s = RunDir(run_dir).summary()
+    if s is None:
         errors.append("no summary.json: the learner did not finish")
         return
-    s = json.loads(summary_path.read_text())
     wall, release = s["wall_s"], s.get("publish_release_ms") or {}
     row.update(phases=s["iterations"], env_steps=s["env_steps"], wall_s=wall, learner_cpu_s=s["learner_cpu_s"],
                learner_peak_rss_mb=s["learner_peak_rss_mb"], inference_batch_mean=s["inference_batch_mean"],

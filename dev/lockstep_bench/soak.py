@@ -17,7 +17,6 @@ half-way and resumes it with ``--resume``, and reports:
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import random
@@ -32,6 +31,8 @@ from typing import Any
 from lockstep.common.files import atomic_write
 from lockstep.config import Config
 from lockstep.config import save as save_config
+from lockstep.observe.run_dir import RunDir
+from lockstep_bench import runs
 
 
 @dataclass
@@ -51,22 +52,12 @@ def actor_pids(parent: int) -> list[int]:
     return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
 
 
-def metrics_rows(run_dir: Path) -> list[dict]:
-    """The rows of ``run_dir/metrics.csv`` written so far (none before the file exists)."""
-    path = run_dir / "metrics.csv"
-    if not path.exists():
-        return []
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
-
-
 class _Run:
     """One `lockstep train` child, watched for progress."""
 
     def __init__(self, args: list[str], log_path: Path) -> None:
         self.log = log_path.open("a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "lockstep", "train", *args, "--no-progress"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = runs.start(args, self.log)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -101,7 +92,7 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
     while current.alive() and time.monotonic() - start < budget:
         time.sleep(0.5)
         now = time.monotonic()
-        rows = len(metrics_rows(run_dir))
+        rows = len(RunDir(run_dir).metrics())
         if rows != last_rows:
             last_rows, last_progress = rows, now
         elif rows and now - last_progress > opts.deadlock_s:
@@ -142,13 +133,13 @@ def build_report(run_dir: Path, log_path: Path, *, minutes: float, deadlocks: in
     what the soak saw (``exit_code``: the last ``lockstep train``'s, None if it never exited).
 
     Ends with ``problems`` and ``healthy`` (see ``problems``)."""
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    rows = metrics_rows(run_dir)
+    run = RunDir(run_dir)
+    summary = run.summary() or {}
+    rows = run.metrics()
     report = {
         "minutes": minutes,
         "deadlocks": deadlocks,
-        "off_policy_samples": sum(int(r["off_policy_samples"]) for r in rows),
+        "off_policy_samples": sum(r["off_policy_samples"] for r in rows),
         "transitions_collected": summary.get("transitions_collected"),
         "transitions_trained": summary.get("transitions_trained"),
         "transitions_dropped": summary.get("dropped_transitions"),
@@ -158,7 +149,7 @@ def build_report(run_dir: Path, log_path: Path, *, minutes: float, deadlocks: in
         "actor_restarts": log_path.read_text().count("restarting actor") if log_path.exists() else 0,
         "learner_restarts": learner_restarts,
         "iterations": len(rows),
-        "iterations_contiguous": [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1)),
+        "iterations_contiguous": [r["iteration"] for r in rows] == list(range(1, len(rows) + 1)),
         "final_return": summary.get("episode_return_mean"),
         "exit_code": exit_code,
         "summary_found": bool(summary),

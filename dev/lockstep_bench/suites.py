@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ import numpy as np
 
 from lockstep import config as config_lib
 from lockstep.observe import plot
-from lockstep_bench import cell, run_process, tail
+from lockstep_bench import cell, runs
 
 SUITES: dict[str, tuple[str, ...]] = {
     "classic": ("cartpole-cleanrl", "acrobot", "cartpole-masked-lstm", "cartpole-masked-mlp"),
@@ -181,24 +180,16 @@ def _loadavg() -> float:
 
 def _train(config_path: Path, seed: int, run_path: Path, timeout_s: float | None) -> dict[str, Any]:
     """One seed: ``lockstep train`` in its own process; its row from summary.json."""
-    cmd = [sys.executable, "-m", "lockstep", "train", "--config", str(config_path), "--seed", str(seed),
-           "--run-dir", str(run_path), "--name", f"{run_path.parent.name}-{run_path.name}", "--no-progress"]
-    log_path = run_path.with_suffix(".log")
     shutil.rmtree(run_path, ignore_errors=True)  # this suite's own run of an earlier invocation
     row: dict[str, Any] = dict.fromkeys(RUN_KEYS)
-    row.update(seed=seed, run_dir=str(run_path), command=" ".join(cmd), loadavg_start=_loadavg())
-    rc, process_s = run_process(cmd, log_path, timeout_s, cwd=run_path.parent)
-    row.update(process_s=round(process_s, 2), loadavg_end=_loadavg())
-    summary_path = run_path / "summary.json"
-    if rc is None:
-        row["error"] = f"killed after {timeout_s:g} s; see {log_path}"
-    elif rc != 0:
-        row["error"] = f"exit code {rc}: {tail(log_path)}"
-    elif not summary_path.is_file():
-        row["error"] = f"no summary.json written; see {log_path}"
-    if not summary_path.is_file():
+    row.update(seed=seed, run_dir=str(run_path), loadavg_start=_loadavg())
+    run = runs.train(config_path, run_path, run_path.with_suffix(".log"), timeout_s,
+                     ("--seed", str(seed), "--name", f"{run_path.parent.name}-{run_path.name}"), cwd=run_path.parent)
+    row.update(command=" ".join(run.command), process_s=round(run.process_s, 2), loadavg_end=_loadavg(),
+               error=run.error)
+    summary = run.run.summary()
+    if summary is None:
         return row
-    summary = json.loads(summary_path.read_text())
     if summary.get("error") and not row["error"]:
         row["error"] = f"learner error: {summary['error']}"
     row.update(final_return=summary.get("episode_return_mean"), episodes=summary.get("episodes"),

@@ -16,7 +16,8 @@ from typing import Any
 
 from lockstep import config as config_lib
 from lockstep.sync import NAMES
-from lockstep_bench import cell
+from lockstep_bench import cell, hooks
+from lockstep_bench.runs import Knobs
 
 log = logging.getLogger("lockstep_bench")
 
@@ -37,6 +38,11 @@ class Workload:
     adversarial: bool = False
     jitter_ms: float = 2.0  # adversarial delays, up to this, in inference, training and the strategies' guards
     inference_threads: int = 2  # adversarial: fewer than actors
+
+    @property
+    def knobs(self) -> Knobs:
+        """The learner's benchmark parts: adversarial delays, or none."""
+        return Knobs(jitter_ms=self.jitter_ms if self.adversarial else 0.0)
 
     @classmethod
     def quick(cls, adversarial: bool = False) -> Workload:
@@ -59,7 +65,6 @@ class Workload:
         config.sync.strategy = strategy
         config.sync.stall_s = 5.0
         if self.adversarial:
-            config.sync.jitter_ms = self.jitter_ms
             config.sync.inference_threads = min(self.inference_threads, max(1, self.actors - 1))
         return config
 
@@ -93,7 +98,7 @@ def run(workload: Workload, out: Path, strategies: list[str] | None = None) -> l
     for name in strategies or list(NAMES):
         log.info("bench sync: %s", name)
         config = workload.config(name, out / "runs" / name)
-        summary = train(config, Path(config.run.run_dir))
+        summary = train(config, Path(config.run.run_dir), parts=hooks.parts(workload.knobs))
         rows.append(row_from_summary(name, summary))
     (out / "sync.json").write_text(json.dumps(rows, indent=2) + "\n")
     (out / "sync.md").write_text(markdown(rows, workload))

@@ -5,8 +5,8 @@ per run and nothing is warm from the run before:
 
     baseline   ``python -m lockstep_bench.baseline``: one process, same envs, same
                forward pass, same rollout store, same PPO (``dev/lockstep_bench/baseline.py``)
-    collect    ``lockstep train --set run.collect_only=true``: learner + actor processes,
-               batches collected and checked, never trained
+    collect    ``python -m lockstep_bench.train --collect-only`` (``lockstep train`` with a trainer
+               that only counts): learner + actor processes, batches collected and checked, never trained
     strict     ``lockstep train --sync strict``
     pipelined  ``lockstep train --sync pipelined --max-lag 1``
 
@@ -32,7 +32,8 @@ from typing import Any
 import yaml
 
 from lockstep import config as config_lib
-from lockstep_bench import cell, roundtrip, run_process, tail
+from lockstep_bench import cell, roundtrip, runs
+from lockstep_bench.runs import run_process, tail
 
 MODES = ("baseline", "collect", "strict", "pipelined")
 KEYS = ["config", "mode", "transport", "env_steps_per_s", "ratio_to_baseline", "inference_batch_mean",
@@ -126,18 +127,19 @@ def build_config(bench: BenchConfig, total_steps: int, time_limit_s: float, devi
     return config
 
 
+LEARNER_MODES: dict[str, tuple[tuple[str, ...], runs.Knobs]] = {  # mode -> lockstep train's flags, knobs
+    "collect": (("--sync", "strict"), runs.Knobs(collect_only=True)),
+    "strict": (("--sync", "strict"), runs.NO_KNOBS),
+    "pipelined": (("--sync", "pipelined", "--max-lag", "1"), runs.NO_KNOBS),
+}
+
+
 def _learner_command(mode: str, transport: str, config_path: Path, run_dir: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "lockstep", "train", "--config", str(config_path), "--run-dir", str(run_dir),
-           "--name", run_dir.name, "--transport", transport, "--no-progress"]
-    if mode == "collect":
-        cmd += ["--sync", "strict", "--set", "run.collect_only=true"]
-    elif mode == "strict":
-        cmd += ["--sync", "strict"]
-    elif mode == "pipelined":
-        cmd += ["--sync", "pipelined", "--max-lag", "1"]
-    else:
-        raise ValueError(f"unknown mode {mode!r}")
-    return cmd
+    if mode not in LEARNER_MODES:
+        raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(LEARNER_MODES)}")
+    flags, knobs = LEARNER_MODES[mode]
+    return runs.command(["--config", str(config_path), "--run-dir", str(run_dir), "--name", run_dir.name,
+                         "--transport", transport, *flags], knobs)
 
 
 def _row(bench: BenchConfig, mode: str, transport: str | None, result: dict[str, Any] | None, process_s: float,

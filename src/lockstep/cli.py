@@ -14,10 +14,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lockstep import config as config_lib
 from lockstep.observe.tracking import MissingExtra
 from lockstep.transport.grpc import security
+
+if TYPE_CHECKING:  # the parser loads no torch
+    from lockstep.learner.parts import Parts
 
 # flag -> config field; each flag overrides the YAML file given by --config
 TRAINING_FLAGS = [
@@ -164,13 +168,16 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     print(f"run directory: {run_dir}")
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def cmd_train(args: argparse.Namespace, parts: Parts | None = None) -> int:
+    """``lockstep train``; ``parts``: the learner's replaceable parts (``learner.parts``; benchmarks)."""
     config = resolve_config(args)
     check_env(config.env.id)
     from lockstep.launch.local import train
+    from lockstep.learner.parts import DEFAULT_PARTS
 
     run_dir = Path(config.run.run_dir)
-    summary = train(config, run_dir, token=security.token_from(args.token), resume=bool(args.resume))
+    summary = train(config, run_dir, token=security.token_from(args.token), resume=bool(args.resume),
+                    parts=parts or DEFAULT_PARTS)
     _print_summary(summary, Path(config.run.run_dir))  # under torchrun, this rank's RUN_DIR/rankR
     return 0
 
@@ -371,7 +378,11 @@ def _no_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command ``args.func``: its exit code, errors printed as one line with exit code 2."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:

@@ -44,8 +44,7 @@ def test_baseline_collect_only_and_box_actions_with_truncation():
     result = baseline.run(config)
     assert result["env_steps"] == 1024 and result["iterations"] == 4
     assert result["episodes"] == 4  # 2 envs x 512 steps: two 200-step (truncated) episodes each
-    config.run.collect_only = True
-    counted = baseline.run(config)
+    counted = baseline.run(config, collect_only=True)
     assert counted["env_steps"] == 1024 and counted["time_split_s"]["training"] < result["time_split_s"]["training"]
 
 

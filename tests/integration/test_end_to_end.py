@@ -3,13 +3,13 @@ unix socket), real PPO."""
 
 from __future__ import annotations
 
-import csv
 import json
 
 import pytest
 
 from lockstep import config as config_lib
 from lockstep.launch.local import train
+from lockstep.observe.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -23,11 +23,6 @@ def _config(path: str, tmp_path, **overrides) -> config_lib.Config:
     return config
 
 
-def _rows(run_dir) -> list[dict]:
-    with open(run_dir / "metrics.csv") as f:
-        return list(csv.DictReader(f))
-
-
 def test_cartpole_reaches_195_within_a_short_budget(tmp_path):
     config = _config("configs/cartpole-cleanrl.yaml", tmp_path, **{
         "env.actors": 2, "env.envs_per_actor": 4, "ppo.steps_per_env": 32, "ppo.lr": 1e-3,
@@ -36,7 +31,7 @@ def test_cartpole_reaches_195_within_a_short_budget(tmp_path):
     summary = train(config, tmp_path / "run")
     assert summary["first_reached"]["195"] is not None, summary
     assert summary["env_steps"] <= 60_000 + config.batch_size
-    rows = _rows(tmp_path / "run")
+    rows = RunDir(tmp_path / "run").metrics()
     assert rows and all(int(r["off_policy_samples"]) == 0 for r in rows)
     assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
     assert all(float(r["policy_lag_max"]) == 0 for r in rows)
@@ -45,7 +40,7 @@ def test_cartpole_reaches_195_within_a_short_budget(tmp_path):
 def test_pendulum_improves_its_return_over_the_first_iterations(tmp_path):
     config = _config("configs/pendulum.yaml", tmp_path, **{"ppo.total_steps": 36_000})
     summary = train(config, tmp_path / "run")
-    rows = _rows(tmp_path / "run")
+    rows = RunDir(tmp_path / "run").metrics()
     first = float(rows[1]["episode_return_mean"])  # a random Gaussian policy: about -1200
     last = float(rows[-1]["episode_return_mean20"])
     assert last > first + 300, (first, last)
@@ -58,7 +53,7 @@ def test_run_directory_has_every_file_other_tools_read(tmp_path):
     run = tmp_path / "run"
     resolved = config_lib.load(run / "config.yaml")
     assert resolved == config
-    rows = _rows(run)
+    rows = RunDir(run).metrics()
     assert len(rows) == 4  # 2048 steps / (2 actors x 2 envs x 128 steps)
     required = ["iteration", "policy_version", "env_steps", "wall_s", "sps", "episodes", "episode_return_mean",
                 "off_policy_samples", "policy_lag_mean", "policy_lag_max", "inference_batch_mean",

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import lockstep_cmd
-from lockstep_bench.soak import actor_pids, metrics_rows
+from lockstep_bench.soak import actor_pids
 
+from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
 
 pytestmark = pytest.mark.slow
@@ -29,7 +30,7 @@ def test_actor_killed_mid_phase_is_dropped_restarted_and_training_continues(tmp_
     killed = 0
     try:
         deadline = time.monotonic() + 120
-        while len(metrics_rows(run_dir)) < 3 and time.monotonic() < deadline:
+        while len(RunDir(run_dir).metrics()) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
         # Kill until a kill lands mid-unroll (an actor that is held between phases has nothing to drop).
         while time.monotonic() < deadline and killed < 5:
@@ -40,14 +41,14 @@ def test_actor_killed_mid_phase_is_dropped_restarted_and_training_continues(tmp_
                 os.kill(pids[killed % len(pids)], signal.SIGKILL)
                 killed += 1
                 time.sleep(2.0)
-                if any(int(r["dropped_transitions"]) > 0 for r in metrics_rows(run_dir)):
+                if any(int(r["dropped_transitions"]) > 0 for r in RunDir(run_dir).metrics()):
                     break
         out, _ = proc.communicate(timeout=180)
     finally:
         proc.kill()
     assert proc.returncode == 0, out
     assert killed >= 1
-    rows = metrics_rows(run_dir)
+    rows = RunDir(run_dir).metrics()
     assert sum(int(r["dropped_transitions"]) for r in rows) > 0, out
     assert all(int(r["off_policy_samples"]) == 0 for r in rows)
     assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
@@ -74,9 +75,9 @@ def test_actor_reconnects_when_its_learner_is_killed_and_another_takes_its_place
     second = None
     try:
         deadline = time.monotonic() + 60
-        while len(metrics_rows(tmp_path / "run0")) < 2 and time.monotonic() < deadline:
+        while len(RunDir(tmp_path / "run0").metrics()) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert len(metrics_rows(tmp_path / "run0")) >= 2
+        assert len(RunDir(tmp_path / "run0").metrics()) >= 2
         first.kill()
         first.wait()
         time.sleep(1.0)
@@ -101,14 +102,14 @@ def test_learner_killed_and_resumed_continues_iteration_version_and_metrics(tmp_
          "--checkpoint-every", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
-        while len(metrics_rows(run_dir)) < 5 and time.monotonic() < deadline:
+        while len(RunDir(run_dir).metrics()) < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
         actors = actor_pids(first.pid)
         first.kill()  # SIGKILL: no final checkpoint, no summary
         first.wait()
     finally:
         first.kill()
-    killed_at = len(metrics_rows(run_dir))
+    killed_at = len(RunDir(run_dir).metrics())
     assert killed_at >= 5
     assert not (run_dir / "summary.json").exists()
     time.sleep(1.0)
@@ -119,7 +120,7 @@ def test_learner_killed_and_resumed_continues_iteration_version_and_metrics(tmp_
                              capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from" in resumed.stderr
-    rows = metrics_rows(run_dir)
+    rows = RunDir(run_dir).metrics()
     assert [int(r["iteration"]) for r in rows] == list(range(1, 15))
     assert [int(r["policy_version"]) for r in rows] == list(range(14))
     assert [int(r["env_steps"]) for r in rows] == [512 * i for i in range(1, 15)]
@@ -166,7 +167,7 @@ def test_phase_cutoff_closes_phases_without_waiting_for_a_slow_actor(tmp_path, f
         for proc in (learner, *actors):
             proc.kill()
     assert learner.returncode == 0, out
-    rows = metrics_rows(tmp_path / "run")
+    rows = RunDir(tmp_path / "run").metrics()
     steps = [int(r["env_steps"]) for r in rows]
     batch_sizes = [b - a for a, b in zip([0, *steps], steps)]
     full = 3 * 2 * 64

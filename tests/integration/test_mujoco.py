@@ -6,13 +6,14 @@ the unclipped sample (and its log-prob) for training, as CleanRL's ClipAction wr
 
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 
 import numpy as np
 import pytest
 from conftest import lockstep_cmd
+
+from lockstep.observe.run_dir import RunDir
 
 pytest.importorskip("mujoco")
 
@@ -32,10 +33,9 @@ def test_halfcheetah_trains_over_an_actor_process_and_stores_the_unclipped_actio
     assert summary["env"] == "HalfCheetah-v5" and summary["error"] is None
     assert summary["iterations"] == 3 and summary["env_steps"] == 1536 and summary["off_policy_samples"] == 0
     assert summary["episodes"] >= 1 and np.isfinite(summary["episode_return_mean"])  # one 1000-step episode
-    with open(run_dir / "metrics.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = RunDir(run_dir).metrics()
     assert [int(r["env_steps"]) for r in rows] == [512, 1024, 1536]
-    assert rows[-1]["episode_return_mean20"] and float(rows[-1]["actors"]) == 1
+    assert rows[-1]["episode_return_mean20"] is not None and float(rows[-1]["actors"]) == 1
 
     batches = sorted((run_dir / "audit").glob("batch_*.npz"))
     assert len(batches) == 3

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 from conftest import lockstep_cmd
-from lockstep_bench.soak import metrics_rows
 
 from lockstep import config as config_lib
 from lockstep.launch.ray import INSTALL, RayActors
+from lockstep.observe.run_dir import RunDir
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason=f"Ray is not installed ({INSTALL})")
 
@@ -108,19 +108,19 @@ def test_a_ray_actor_killed_mid_phase_is_restarted_by_ray_and_its_unroll_is_drop
     killed = []
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (len(_worker_pids(log.read_text())) < 2 or not metrics_rows(run_dir)):
+        while time.monotonic() < deadline and (len(_worker_pids(log.read_text())) < 2 or not RunDir(run_dir).metrics()):
             time.sleep(0.1)
         pids = _worker_pids(log.read_text())
-        assert len(pids) == 2 and metrics_rows(run_dir), log.read_text()
+        assert len(pids) == 2 and RunDir(run_dir).metrics(), log.read_text()
         # A kill lands mid-unroll unless that actor had finished its part of the phase: then try the other one.
         for actor in (0, 1):
-            rows = metrics_rows(run_dir)
+            rows = RunDir(run_dir).metrics()
             time.sleep(0.3 * float(rows[-1]["collect_s"]))  # into the next phase's collection
             os.kill(pids[actor], signal.SIGKILL)
             killed.append(actor)
-            while time.monotonic() < deadline and len(metrics_rows(run_dir)) < len(rows) + 2:
+            while time.monotonic() < deadline and len(RunDir(run_dir).metrics()) < len(rows) + 2:
                 time.sleep(0.1)
-            if sum(int(r["dropped_transitions"]) for r in metrics_rows(run_dir)) > 0:
+            if sum(int(r["dropped_transitions"]) for r in RunDir(run_dir).metrics()) > 0:
                 break
         proc.wait(timeout=180)
     finally:

@@ -14,7 +14,6 @@ import time
 import numpy as np
 import pytest
 from conftest import lockstep_cmd
-from lockstep_bench.soak import metrics_rows
 
 from lockstep.config import Config
 from lockstep.launch.local import train
@@ -22,6 +21,7 @@ from lockstep.learner import checkpoint
 from lockstep.learner.rollout import Batch, TrainingPhase
 from lockstep.learner.wiring import Learner
 from lockstep.observe.metrics import MetricsWriter
+from lockstep.observe.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def test_a_checkpoint_never_claims_an_iteration_whose_metrics_row_was_not_writte
     run_dir = tmp_path / "run"
     with pytest.raises(OSError, match="injected"):
         train(_small_config(run_dir), run_dir)
-    rows = metrics_rows(run_dir)
+    rows = RunDir(run_dir).metrics()
     assert [int(r["iteration"]) for r in rows] == [1, 2]
     periodic = sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*.pt"))
     assert periodic == ["iter_000001.pt", "iter_000002.pt"]
@@ -66,13 +66,13 @@ def test_pipelined_run_killed_and_resumed_balances_its_books_and_counts_each_inc
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
-        while len(metrics_rows(run_dir)) < 6 and time.monotonic() < deadline:
+        while len(RunDir(run_dir).metrics()) < 6 and time.monotonic() < deadline:
             time.sleep(0.02)
         first.kill()  # SIGKILL while the next phase is being collected
         first.wait()
     finally:
         first.kill()
-    _, saved = checkpoint.newest(run_dir / "checkpoints")
+    saved = checkpoint.load(checkpoint.find(run_dir / "checkpoints"))
     in_flight = (saved["counters"]["transitions_collected"] - saved["trainer"]["env_steps"]
                  - saved["counters"]["dropped_transitions"])
     assert in_flight > 0, "pipelined mode collects while it trains: the checkpoint should have work in flight"
@@ -82,7 +82,7 @@ def test_pipelined_run_killed_and_resumed_balances_its_books_and_counts_each_inc
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["transitions_collected"] == summary["transitions_trained"] + summary["dropped_transitions"]
-    rows = metrics_rows(run_dir)
+    rows = RunDir(run_dir).metrics()
     assert [int(r["iteration"]) for r in rows] == list(range(1, summary["iterations"] + 1))
     for column in INCREASE_COLUMNS:  # each row holds its iteration's increase, so the column adds up to the total
         assert sum(int(r[column]) for r in rows) <= summary[column], column

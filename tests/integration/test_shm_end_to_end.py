@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from conftest import lockstep_cmd
-from lockstep_bench.soak import actor_pids, metrics_rows
+from lockstep_bench.soak import actor_pids
 
+from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
 
 pytestmark = pytest.mark.slow
@@ -29,7 +30,7 @@ def _socket_folders(log: str) -> set[str]:
 
 
 def _assert_on_policy(run_dir: Path) -> list[dict]:
-    rows = metrics_rows(run_dir)
+    rows = RunDir(run_dir).metrics()
     assert rows and all(int(r["off_policy_samples"]) == 0 for r in rows)
     assert all(float(r["policy_lag_max"]) == 0 for r in rows)
     assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
@@ -67,7 +68,7 @@ def test_shared_memory_actor_killed_mid_unroll_is_dropped_restarted_and_training
     killed = 0
     try:
         deadline = time.monotonic() + 60
-        while len(metrics_rows(run_dir)) < 2 and time.monotonic() < deadline:
+        while len(RunDir(run_dir).metrics()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         # An actor held between phases has nothing to drop: kill until a kill lands mid-unroll.
         while time.monotonic() < deadline and killed < 5:
@@ -78,7 +79,7 @@ def test_shared_memory_actor_killed_mid_unroll_is_dropped_restarted_and_training
             os.kill(pids[killed % len(pids)], signal.SIGKILL)
             killed += 1
             time.sleep(1.5)
-            if any(int(r["dropped_transitions"]) > 0 for r in metrics_rows(run_dir)):
+            if any(int(r["dropped_transitions"]) > 0 for r in RunDir(run_dir).metrics()):
                 break
         out, _ = proc.communicate(timeout=120)
     finally:

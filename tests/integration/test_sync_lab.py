@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-import csv
-
 import pytest
+from lockstep_bench import hooks
+from lockstep_bench.runs import Knobs
 
 from lockstep import config as config_lib
 from lockstep.launch.local import train
+from lockstep.observe.run_dir import RunDir
 from lockstep.sync.reference import REFERENCE
 from lockstep.tools import audit
 
@@ -25,18 +26,13 @@ def _config(tmp_path, strategy: str, **overrides) -> config_lib.Config:
     return config
 
 
-def _rows(run_dir) -> list[dict]:
-    with open(run_dir / "metrics.csv") as f:
-        return list(csv.DictReader(f))
-
-
 def test_strict_with_random_delays_and_16_actors_trains_only_on_policy(tmp_path):
     config = _config(tmp_path, "strict", **{
         "env.actors": 16, "env.envs_per_actor": 1, "ppo.steps_per_env": 16, "ppo.total_steps": 16 * 16 * 6,
-        "sync.jitter_ms": 3.0, "run.audit": True,
+        "run.audit": True,
     })
-    summary = train(config, tmp_path / "run")
-    rows = _rows(tmp_path / "run")
+    summary = train(config, tmp_path / "run", parts=hooks.parts(Knobs(jitter_ms=3.0)))
+    rows = RunDir(tmp_path / "run").metrics()
     assert len(rows) == 6
     assert summary["off_policy_samples"] == 0 and summary["torn_reads"] == 0 and summary["torn_reads_used"] == 0
     # Snapshots need no guard around inference: nothing is rejected or computed twice.
@@ -51,11 +47,11 @@ def test_strict_with_random_delays_and_16_actors_trains_only_on_policy(tmp_path)
 @pytest.mark.parametrize("max_lag", [1, 2])
 def test_pipelined_lag_stays_within_its_bound_and_cartpole_still_learns(tmp_path, max_lag):
     config = _config(tmp_path, "pipelined", **{
-        "sync.max_lag": max_lag, "sync.jitter_ms": 2.0, "env.actors": 2, "env.envs_per_actor": 4,
+        "sync.max_lag": max_lag, "env.actors": 2, "env.envs_per_actor": 4,
         "ppo.steps_per_env": 32, "ppo.lr": 1e-3, "ppo.total_steps": 80_000, "run.stop_at_return": 195,
     })
-    summary = train(config, tmp_path / "run")
-    rows = _rows(tmp_path / "run")
+    summary = train(config, tmp_path / "run", parts=hooks.parts(Knobs(jitter_ms=2.0)))
+    rows = RunDir(tmp_path / "run").metrics()
     lags = [int(r["policy_lag_max"]) for r in rows]
     assert max(lags) <= max_lag
     assert max(lags) >= 1, "collection never overlapped training: the test does not exercise pipelining"
@@ -77,7 +73,7 @@ def test_reference_strategy_runs_a_short_real_training_and_reports_its_counters(
     keys = ("wasted_forward_passes", "rejected_rpcs", "torn_reads", "torn_reads_used", "off_policy_samples", "stalls")
     for key in keys:
         assert isinstance(summary[key], int) and summary[key] >= 0
-    rows = _rows(tmp_path / "run")
+    rows = RunDir(tmp_path / "run").metrics()
     assert len(rows) == summary["iterations"]
 
     # metrics.csv has each iteration's increase of the run's totals in summary.json.

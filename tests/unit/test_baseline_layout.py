@@ -4,7 +4,6 @@ and the baseline learn the same curve, so ``bench learn`` and ``bench throughput
 from __future__ import annotations
 
 import copy
-import csv
 import math
 
 import pytest
@@ -12,6 +11,7 @@ from lockstep_bench import baseline
 
 from lockstep.config import Config
 from lockstep.launch.local import train
+from lockstep.observe.run_dir import RunDir
 
 ITERATIONS = 12
 
@@ -30,13 +30,12 @@ def _config() -> Config:
 
 def test_a_strict_learner_and_the_baseline_with_the_same_layout_learn_the_same_curve(tmp_path):
     summary = train(copy.deepcopy(_config()), tmp_path / "run")
-    with open(tmp_path / "run" / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
+    rows = RunDir(tmp_path / "run").metrics()
     result = baseline.run(_config())
 
     assert summary["iterations"] == result["iterations"] == ITERATIONS
     assert summary["episodes"] == result["episodes"] > 20
-    learner = [float(r["episode_return_mean20"]) if r["episode_return_mean20"] else None for r in rows]
+    learner = [r["episode_return_mean20"] for r in rows]
     ours = [r for _, _, r in result["curve"]]
     assert sum(r is not None for r in ours) >= ITERATIONS // 2  # enough episodes to compare running means
     for i, (a, b) in enumerate(zip(learner, ours, strict=True)):

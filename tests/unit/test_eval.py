@@ -114,4 +114,4 @@ def test_without_a_final_checkpoint_the_newest_periodic_one_is_used(run_dir, tmp
     shutil.copy(run_dir / "config.yaml", run / "config.yaml")
     for iteration in (2, 10):
         shutil.copy(run_dir / "checkpoints" / "final.pt", run / "checkpoints" / f"iter_{iteration:06d}.pt")
-    assert evaluation.find_checkpoint(run) == run / "checkpoints" / "iter_000010.pt"
+    assert evaluation.evaluate(run, episodes=1).checkpoint == str(run / "checkpoints" / "iter_000010.pt")

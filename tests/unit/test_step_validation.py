@@ -8,7 +8,6 @@ learner and the actor as ``test_step_validation:short_cartpole``), so truncation
 
 from __future__ import annotations
 
-import csv
 import threading
 
 import grpc
@@ -21,6 +20,7 @@ from lockstep import config as config_lib
 from lockstep.actor import EnvLoop
 from lockstep.envs import SpaceSpec, env_seeds, make_vector_env
 from lockstep.learner.wiring import Learner
+from lockstep.observe.run_dir import RunDir
 from lockstep.transport import METHOD
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.grpc.client import Connection
@@ -96,11 +96,6 @@ def _rogue(address: str, greeting: pb.Hello, step: pb.Step) -> grpc.RpcError:
     raise AssertionError(f"the learner answered {kinds} and accepted the step")
 
 
-def _metrics_rows(run_dir) -> list[dict]:
-    with (run_dir / "metrics.csv").open(newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def test_the_actor_sends_final_observations_for_exactly_the_truncated_slots():
     vec = make_vector_env(ENV, 3)
     loop = EnvLoop(vec, SpaceSpec.from_space(vec.single_action_space))
@@ -146,4 +141,4 @@ def test_a_step_with_a_bad_final_index_is_refused_while_a_good_actor_trains_on(l
         assert good.final_observations > 0
     finally:
         good.close()
-    assert len(_metrics_rows(run_dir)) >= 3  # iterations 1-3 are recorded before version 4 can serve
+    assert len(RunDir(run_dir).metrics()) >= 3  # iterations 1-3 are recorded before version 4 can serve

@@ -201,7 +201,7 @@ def test_strict_trainer_refuses_one_sample_of_an_older_version_and_names_the_ver
 def test_strict_trainer_refuses_samples_of_a_newer_version():
     trainer = at_version(linear_trainer(max_lag=0), 3)
     with pytest.raises(OffPolicyError, match=r"versions \[4\]"):
-        trainer.count_only(stamped([[3, 4]]))
+        trainer.train(stamped([[3, 4]]))
 
 
 def test_strict_trainer_accepts_on_policy_batch_and_ignores_stamps_past_a_cut():
@@ -214,7 +214,7 @@ def test_strict_trainer_accepts_on_policy_batch_and_ignores_stamps_past_a_cut():
 
 def test_pipelined_trainer_accepts_lag_one():
     trainer = at_version(linear_trainer(max_lag=1), 5)
-    stats = trainer.count_only(stamped([[5, 4], [4, 4]]))
+    stats = trainer.train(stamped([[5, 4], [4, 4]]))
     assert (stats.off_policy_samples, stats.policy_lag_max, stats.policy_lag_mean) == (3, 1, 0.75)
 
 
@@ -222,12 +222,12 @@ def test_pipelined_trainer_refuses_lag_two_and_names_the_versions():
     trainer = at_version(linear_trainer(max_lag=1), 5)
     with pytest.raises(OffPolicyError, match=r"2 of 4 samples were produced by versions \[3\]; version 5 trains "
                                              r"on them and allows a lag of at most 1"):
-        trainer.count_only(stamped([[5, 3], [4, 3]]))
+        trainer.train(stamped([[5, 3], [4, 3]]))
 
 
 def test_unbounded_trainer_only_counts_lag():
     trainer = at_version(linear_trainer(max_lag=None), 10)
-    stats = trainer.count_only(stamped([[10, 8], [5, 9]]))
+    stats = trainer.train(stamped([[10, 8], [5, 9]]))
     # lags 0, 2, 5, 1
     assert (stats.off_policy_samples, stats.policy_lag_max, stats.policy_lag_mean) == (3, 5, 2.0)
     assert (trainer.lag_sum, trainer.lag_max, trainer.version) == (8, 5, 11)

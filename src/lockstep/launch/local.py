@@ -22,6 +22,7 @@ from lockstep.config import Config
 from lockstep.launch import Launcher
 from lockstep.launch.ray import RayActors
 from lockstep.learner.distributed import Ranks, ranks_run
+from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.wiring import Learner
 from lockstep.models import resolve_device
 from lockstep.observe.metrics import write_summary
@@ -127,11 +128,11 @@ def _local_actor_address(config: Config, port: int, local_address: str | None) -
 
 
 def train(config: Config, run_dir: Path, token: str | None = None, resume: bool = False,
-          local_actors: bool = True) -> dict[str, Any]:
+          local_actors: bool = True, parts: Parts = DEFAULT_PARTS) -> dict[str, Any]:
     """Train to the step budget; every process started here is gone when this returns.
 
     With ``local_actors=False`` (``lockstep learner``) no actor is started: actors connect from
-    elsewhere. SIGINT and SIGTERM stop the run in order either way.
+    elsewhere. SIGINT and SIGTERM stop the run in order either way. ``parts``: see ``learner.parts``.
     """
     ranks = Ranks.from_env(resolve_device(config.learner.device))  # under torchrun: one of several learners
     if ranks is not None:
@@ -140,7 +141,8 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     # Ray actors always use gRPC (they may run on other hosts); a missing Ray fails here, before the learner starts.
     ray_actors = RayActors(config, run_dir, token) if local_actors and config.env.launcher == "ray" else None
     in_process = local_actors and ray_actors is None and config.learner.transport == "inprocess"
-    learner = Learner(config, run_dir, token=token, resume=resume, in_process_actors=in_process, ranks=ranks)
+    learner = Learner(config, run_dir, token=token, resume=resume, in_process_actors=in_process, ranks=ranks,
+                      parts=parts)
     if ray_actors is not None:
         ray_actors.connect()  # before the learner's gRPC server starts: Ray forks
     outcome: dict[str, Any] = {}

@@ -32,7 +32,7 @@ from lockstep.config import Config
 from lockstep.learner.audit_trail import AuditWriter
 from lockstep.learner.inference import Batcher, InferenceResult, PolicySnapshot, act
 from lockstep.learner.trainer import Trainer
-from lockstep.sync import Jitter, ReferenceSync, Strategy
+from lockstep.sync import ReferenceSync, Strategy
 
 T = TypeVar("T")
 log = logging.getLogger("lockstep.learner.wiring")
@@ -87,9 +87,9 @@ class SnapshotBackend:
     them, actors in id order), so a slot's numbers do not depend on which requests share a pass.
     """
 
-    def __init__(self, trainer: Trainer, config: Config, expected: Callable[[], int], jitter: Jitter,
-                 audit: AuditWriter | None, reference: ReferenceSync | None = None) -> None:
-        self._trainer, self._audit, self._jitter = trainer, audit, jitter
+    def __init__(self, trainer: Trainer, config: Config, expected: Callable[[], int], audit: AuditWriter | None,
+                 reference: ReferenceSync | None = None) -> None:
+        self._trainer, self._audit = trainer, audit
         self._snapshot = self._build()
         self.state_size = self._snapshot.state_size
         self.batcher = Batcher(lambda: self._snapshot, config.learner.max_batch,
@@ -108,14 +108,7 @@ class SnapshotBackend:
         self.batcher.remove(member)
 
     def infer(self, member, obs, keys, counters, state=None):
-        delay = self._jitter.seconds()
-        if delay:
-            return self._infer_later(delay, member, obs, keys, counters, state)
         return self.batcher.infer(obs, keys, counters, member=member, state=state)  # the batcher's own awaitable
-
-    async def _infer_later(self, delay, member, obs, keys, counters, state):
-        await asyncio.sleep(delay)
-        return await self.batcher.infer(obs, keys, counters, member=member, state=state)
 
     def train(self, update):
         return update()
@@ -158,13 +151,13 @@ class InPlaceBackend:
 
     state_size = 0
 
-    def __init__(self, trainer: Trainer, config: Config, expected: Callable[[], int], jitter: Jitter,
-                 audit: AuditWriter | None, reference: ReferenceSync | None = None) -> None:
+    def __init__(self, trainer: Trainer, config: Config, expected: Callable[[], int], audit: AuditWriter | None,
+                 reference: ReferenceSync | None = None) -> None:
         if reference is None:
             raise ValueError("the in-place backend needs a reference strategy")
         log.warning("sync strategy %s is a reference design kept for comparison: it does not keep PPO on-policy "
                     "and can read half-updated parameters; use strict or pipelined to train", reference.name)
-        self._trainer, self._audit, self._jitter, self.reference = trainer, audit, jitter, reference
+        self._trainer, self._audit, self.reference = trainer, audit, reference
         self.stamps = ParameterStamps(trainer.optimizer)
         self._pool = ThreadPoolExecutor(config.sync.inference_threads, thread_name_prefix="lockstep-infer")
         self._stats = InferenceStats()
@@ -178,9 +171,6 @@ class InPlaceBackend:
         pass
 
     async def infer(self, member, obs, keys, counters, state=None):
-        delay = self._jitter.seconds()
-        if delay:
-            await asyncio.sleep(delay)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._guarded_pass, member, obs, keys, counters)
 
@@ -199,8 +189,7 @@ class InPlaceBackend:
         version, before = trainer.version, self.stamps.sequence
         model = trainer.model
         actions, logprobs, values = act(model, trainer.normalizer(), np.array(obs),
-                                        noise.uniform(keys, counters, model.noise_width), trainer.device,
-                                        between=self._jitter)
+                                        noise.uniform(keys, counters, model.noise_width), trainer.device)
         result = InferenceResult(actions, logprobs, values, version,
                                  torn=self.stamps.torn(before, self.stamps.sequence))
         with self._lock:  # several pool threads count
@@ -232,7 +221,6 @@ BACKENDS: dict[str, type] = {"snapshot": SnapshotBackend, "in-place": InPlaceBac
 
 
 def make_backend(strategy: Strategy, trainer: Trainer, config: Config, expected: Callable[[], int],
-                 jitter: Jitter, audit: AuditWriter | None) -> InferenceBackend:
+                 audit: AuditWriter | None) -> InferenceBackend:
     """The backend of ``strategy``'s family, built around ``trainer``."""
-    return BACKENDS[strategy.backend](trainer, config, expected, jitter, audit,
-                                      reference=strategy.reference(pause=jitter))
+    return BACKENDS[strategy.backend](trainer, config, expected, audit, reference=strategy.reference())

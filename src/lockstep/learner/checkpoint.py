@@ -1,8 +1,17 @@
-"""Checkpoints: everything a resumed run continues from, written atomically, loaded without pickled code.
+"""Checkpoints: the one format for saving, loading and finding the ``.pt`` files of a run.
 
 A checkpoint holds only tensors, numbers, strings and plain containers (numpy arrays
 travel as tensors, the config as a plain dict), so ``torch.load(weights_only=True)``
-reads it and a checkpoint from elsewhere cannot run code.
+reads it and a checkpoint from elsewhere cannot run code. ``load`` is also how the
+audit reads its ``policy_vNNNNNN.pt`` files, which hold plain numpy arrays: the numpy
+types such a file needs are allowed here, once, and nothing else is.
+
+Every load maps tensors to the CPU: a checkpoint written on a GPU loads on a machine
+without one, and the caller moves what it needs to its own device.
+
+Which checkpoint (``find``): ``newest``, the highest iteration, periodic or final, is what
+a resumed run continues from; ``final``, ``final.pt`` or else the newest periodic one, is
+what ``lockstep eval`` plays; any other name is that file.
 
 The ``Checkpointer`` owns the policy: a periodic checkpoint every N iterations
 and/or every M minutes, the newest K kept, and a final one at the end of a run.
@@ -20,6 +29,19 @@ import torch
 from lockstep.common.files import atomic_write
 
 _ARRAY = "__ndarray__"  # marks a numpy array stored as a tensor, so it loads back as an array
+NEWEST, FINAL = "newest", "final"  # the choices of ``find`` besides a file name
+HINT = ("a run writes checkpoints/final.pt when it ends (and checkpoints/iter_N.pt with "
+        "--checkpoint-every N)")
+
+
+def _numpy_globals() -> list:
+    """What unpickling a plain numpy array needs: its reconstructor, ndarray, dtype and the dtype classes."""
+    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core
+    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+    return allowed + [getattr(np.dtypes, name) for name in dir(np.dtypes) if name.endswith("DType")]
+
+
+_NUMPY = _numpy_globals()
 
 
 def _pack(value: Any) -> Any:
@@ -48,8 +70,10 @@ def save(state: dict, path: Path) -> Path:
     return atomic_write(path, lambda f: torch.save(_pack(state), f))
 
 
-def load(path: Path, device: torch.device | str = "cpu") -> dict:
-    return _unpack(torch.load(path, map_location=device, weights_only=True))
+def load(path: Path) -> dict:
+    """The state saved at ``path``, every tensor on the CPU; an ``UnpicklingError`` for pickled code."""
+    with torch.serialization.safe_globals(_NUMPY):
+        return _unpack(torch.load(path, map_location="cpu", weights_only=True))
 
 
 def periodic_path(directory: Path, iteration: int) -> Path:
@@ -63,15 +87,26 @@ def prune(directory: Path, keep: int) -> None:
         old.unlink()
 
 
-def newest(directory: Path) -> tuple[Path, dict] | None:
-    """The checkpoint with the highest iteration (periodic or final), loaded; None if there is none."""
-    best = None
-    for path in [*directory.glob("iter_*.pt"), directory / "final.pt"]:
-        if path.exists():
-            state = load(path)
-            if best is None or state["trainer"]["iteration"] > best[1]["trainer"]["iteration"]:
-                best = (path, state)
-    return best
+def find(directory: Path, which: str = NEWEST) -> Path:
+    """The checkpoint ``which`` names in ``directory`` (module docstring): ``newest``, ``final``, or a file
+    (a path, or a name in ``directory``). A ``FileNotFoundError`` that says what is missing."""
+    if which == NEWEST:
+        found = [(load(path)["trainer"]["iteration"], path)
+                 for path in [*directory.glob("iter_*.pt"), directory / "final.pt"] if path.is_file()]
+        if found:
+            return max(found, key=lambda item: item[0])[1]  # the first of a tie: a periodic one
+    elif which == FINAL:
+        if (directory / "final.pt").is_file():
+            return directory / "final.pt"
+        periodic = sorted(directory.glob("iter_*.pt"))  # iter_NNNNNN.pt: the name orders them
+        if periodic:
+            return periodic[-1]
+    else:
+        for path in (Path(which), directory / which):
+            if path.is_file():
+                return path
+        raise FileNotFoundError(f"checkpoint {which} does not exist")
+    raise FileNotFoundError(f"no checkpoint in {directory}: {HINT}")
 
 
 class Checkpointer:
@@ -96,7 +131,9 @@ class Checkpointer:
         return save(state, self.directory / "final.pt")
 
     def newest(self) -> tuple[Path, dict]:
-        found = newest(self.directory)
-        if found is None:
-            raise FileNotFoundError(f"nothing to resume: no checkpoint in {self.directory}")
-        return found
+        """What a resumed run continues from: the newest checkpoint and its state."""
+        try:
+            path = find(self.directory, NEWEST)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"nothing to resume: {err}") from None
+        return path, load(path)

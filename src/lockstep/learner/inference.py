@@ -32,15 +32,15 @@ _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
 
 
 def act(model: Policy, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.ndarray,
-        device: torch.device, between: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        device: torch.device) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The one sampling function: obs [B, *obs], uniform [B, w] -> action [B, *act], log-prob [B], value [B].
 
     Used by snapshots and by the in-place backend alike, so every strategy samples
-    the same action from the same parameters and noise. ``between``: see ``Policy.sample``.
+    the same action from the same parameters and noise.
     """
     with torch.inference_mode():
         x = normalize(torch.as_tensor(obs, device=device))
-        action, logprob, value = model.sample(x, _noise(uniform, device), between=between)
+        action, logprob, value = model.sample(x, _noise(uniform, device))
         return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy()
 
 

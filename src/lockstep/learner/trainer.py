@@ -246,11 +246,6 @@ class Trainer:
         for mean, var, n in self.ranks.moments(x, rms.mean.shape):
             rms.update_moments(mean, var, n)
 
-    def count_only(self, batch: Batch) -> TrainStats:
-        """Check and count ``batch`` like ``train``, without updating the policy (collection benchmarks)."""
-        start = time.perf_counter()
-        return self._advance(batch, self._lag(batch), start, 0.0, ppo.UpdateStats(0.0, 0.0, 0.0, 0.0, 0.0, 0))
-
     def _lag(self, batch: Batch) -> np.ndarray:
         """[B] (this version) - (version that produced the sample); an error beyond what is allowed."""
         lag = self.version - batch.versions[batch.valid]

@@ -9,6 +9,7 @@ Threads
 Publishing v+1 is always ``backend.publish()`` (a snapshot backend swaps its snapshot), then ``gate.publish(v+1)``
 (through ``sessions.publish``, which times the release): every request admitted for v+1 is served by v+1.
 The learner never asks which strategy it runs.
+What may be put in from outside (the benchmarks' parts) is ``learner.parts``.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from lockstep.learner.audit_trail import AuditWriter
 from lockstep.learner.backends import make_backend
 from lockstep.learner.checkpoint import Checkpointer
 from lockstep.learner.distributed import Ranks
+from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.rollout import PhaseStore, TrainingPhase
 from lockstep.learner.session import Sessions
-from lockstep.learner.trainer import Trainer
 from lockstep.models import resolve_device
 from lockstep.observe.metrics import EpisodeTracker
 from lockstep.observe.progress import Status
@@ -48,7 +49,7 @@ log = logging.getLogger("lockstep.learner.wiring")
 
 class Learner:
     def __init__(self, config: Config, run_dir: Path, token: str | None = None, resume: bool = False,
-                 in_process_actors: bool = False, ranks: Ranks | None = None) -> None:
+                 in_process_actors: bool = False, ranks: Ranks | None = None, parts: Parts = DEFAULT_PARTS) -> None:
         config.validate()
         security.check_server(config.learner.listen, token, config.learner.tls_cert, config.learner.tls_key)
         self.token = token  # never written to the run directory
@@ -57,9 +58,8 @@ class Learner:
         self.device = resolve_device(config.learner.device)
         torch.set_num_threads(config.learner.torch_threads)
         self.strategy = sync.strategy(config.sync.strategy, config.sync.max_lag)
-        self.jitter = sync.Jitter(config.sync.jitter_ms, config.run.seed)
         self.ranks = ranks  # several learners training one policy (torch.distributed): distributed.py
-        self.trainer = Trainer(config, self.spec, self.device, max_lag=self.strategy.max_lag, ranks=ranks)
+        self.trainer = parts.trainer(config, self.spec, self.device, max_lag=self.strategy.max_lag, ranks=ranks)
         self.clock = Clock()
         self.episodes = EpisodeTracker(config.return_thresholds())
         self.report = Report(run_dir, self.trainer, self.episodes, self.clock)
@@ -78,7 +78,9 @@ class Learner:
         self.audit = AuditWriter(run_dir / "audit", config, fresh=not resume) if run.audit else None
         self.phases = PhaseStore()
         self.backend = make_backend(self.strategy, self.trainer, config, lambda: self.sessions.expected_requests(),
-                                    self.jitter, self.audit)
+                                    self.audit)
+        if parts.wrap_backend is not None:
+            self.backend = parts.wrap_backend(self.backend, self.trainer)
         self.sessions = Sessions(self.spec, Welcome(run.seed, run_dir.name), config.ppo.steps_per_env, self.gate,
                                  self.backend, self.phases, self.report.counters, self.episodes, self.clock)
         self.sessions.slot_counters.update(slot_counters)
@@ -189,14 +191,13 @@ class Learner:
         trainer = self.trainer
         if item.phase != trainer.version:
             raise RuntimeError(f"phase {item.phase} arrived for training at version {trainer.version}")
-        self.jitter()
         stats = None
         if item.batch is None and self.ranks is None:  # every actor left the phase before completing it
             log.info("phase %d closed empty; publishing version %d unchanged", trainer.version, trainer.version + 1)
             trainer.skip()
         else:  # (several learners: an empty phase still takes part in the update, with no samples)
-            update = trainer.count_only if self.config.run.collect_only else trainer.train
-            stats = self.backend.train(lambda: trainer.train_empty() if item.batch is None else update(item.batch))
+            batch = item.batch
+            stats = self.backend.train(lambda: trainer.train_empty() if batch is None else trainer.train(batch))
             self.report.trained(stats)
             if self.audit is not None and item.batch is not None:
                 self.audit.batch(trainer.iteration, item.phase, self.strategy.name, item.batch)
@@ -210,7 +211,6 @@ class Learner:
         done = self._done()
         if not done:
             self.backend.publish()
-            self.jitter()
             self.sessions.publish(trainer.version)
         return done
 

@@ -63,17 +63,12 @@ class Policy(nn.Module):
         """[B, *obs] -> [B]"""
         return self.features(obs)[1]
 
-    def sample(self, obs: torch.Tensor, uniform: torch.Tensor,
-               between: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample(self, obs: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample actions with the given noise. obs [B, *obs], uniform [B, noise_width] in (0, 1).
 
-        Returns action [B, *act], log-prob [B], value [B]. ``between`` runs after the forward
-        pass and before sampling (adversarial tests widen the window in which an in-place update
-        could tear a pass; ``ActorCritic`` runs it between its two networks).
+        Returns action [B, *act], log-prob [B], value [B].
         """
         out, value = self.features(obs)
-        if between is not None:
-            between()
         action, logprob = self.sample_head(out, uniform)
         return action, logprob, value
 
@@ -134,16 +129,6 @@ class ActorCritic(Policy):
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs.flatten(1)).squeeze(-1)
-
-    def sample(self, obs: torch.Tensor, uniform: torch.Tensor,
-               between: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        flat = obs.flatten(1)
-        out = self.actor(flat)
-        if between is not None:  # between the two networks: a torn read mixes versions across them
-            between()
-        value = self.critic(flat).squeeze(-1)
-        action, logprob = self.sample_head(out, uniform)
-        return action, logprob, value
 
 
 class TorsoActorCritic(Policy):

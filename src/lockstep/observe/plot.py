@@ -16,12 +16,13 @@ Figures need matplotlib (the ``plot`` extra), imported only when one is drawn.
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from lockstep.observe.run_dir import RunDir
 
 RETURN_COLUMN = "episode_return_mean20"
 RETURN_LABEL = "episodic return (mean of the last 20 episodes)"
@@ -80,19 +81,15 @@ class Reference:
 
 def read_curve(run_dir: str | Path, column: str = RETURN_COLUMN) -> Curve:
     """The curve of ``column`` in ``run_dir/metrics.csv``; rows where the column is empty are left out."""
-    path = Path(run_dir) / "metrics.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"no metrics.csv in {run_dir}: give the run directory of a lockstep run")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        columns = reader.fieldnames or []
-        missing = [c for c in ("env_steps", "wall_s", column) if c not in columns]
-        if missing:
-            raise ValueError(f"{path} has no column {', '.join(missing)}; columns: {', '.join(columns)}")
-        rows = [(float(r["env_steps"]), float(r["wall_s"]), float(r[column])) for r in reader if r[column]]
+    run = RunDir(run_dir)
+    columns = run.columns()
+    missing = [c for c in ("env_steps", "wall_s", column) if c not in columns]
+    if missing:
+        raise ValueError(f"{run.metrics_path} has no column {', '.join(missing)}; columns: {', '.join(columns)}")
+    rows = [(r["env_steps"], r["wall_s"], r[column]) for r in run.metrics() if r[column] is not None]
     table = np.array(rows, dtype=np.float64).reshape(-1, 3)
     keep = np.isfinite(table).all(axis=1)
-    return Curve(Path(run_dir).name, table[keep, 0], table[keep, 1], table[keep, 2])
+    return Curve(run.name, table[keep, 0], table[keep, 1], table[keep, 2])
 
 
 def band(curves: list[Curve], axis: str = "steps") -> Band:
@@ -124,9 +121,7 @@ def group_runs(run_dirs: list[str | Path], column: str = RETURN_COLUMN) -> list[
     envs: dict[str, str] = {}
     for run_dir in run_dirs:
         curve = read_curve(run_dir, column)
-        config_path = Path(run_dir) / "config.yaml"
-        config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
-        config = config or {}
+        config = RunDir(run_dir).config_dict()
         key = yaml.safe_dump({k: v for k, v in config.items() if k != "run"}, sort_keys=True)
         groups.setdefault(key, []).append(curve)
         envs.setdefault(key, (config.get("env") or {}).get("id") or curve.name)

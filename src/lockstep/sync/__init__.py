@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lockstep.sync.gate import Admission, AdmissionGate, ClosedPhase, GateError, RequestResult
-from lockstep.sync.jitter import Jitter
 from lockstep.sync.reference import REFERENCE, ReferenceSync
 
 
@@ -51,5 +50,5 @@ def strategy(name: str, max_lag: int = 1) -> Strategy:
 
 NAMES = ("strict", "pipelined", *REFERENCE)
 
-__all__ = ["Admission", "AdmissionGate", "ClosedPhase", "GateError", "Jitter", "RequestResult", "Strategy",
+__all__ = ["Admission", "AdmissionGate", "ClosedPhase", "GateError", "RequestResult", "Strategy",
            "strategy", "NAMES", "ReferenceSync"]

@@ -15,6 +15,7 @@ from lockstep.algo.normalize import ObsNormalizer
 from lockstep.config import Config
 from lockstep.config import load as load_config
 from lockstep.envs import EnvSpec, env_spec
+from lockstep.learner import checkpoint
 from lockstep.models import Policy, build_policy
 
 
@@ -159,15 +160,6 @@ class AuditReport:
         return next(it for it in self.iterations if it.iteration == number)
 
 
-def _load_policy(path: Path) -> dict:
-    """torch.load without running arbitrary pickles: tensors, plain containers and numpy arrays only."""
-    core = getattr(np, "_core", None) or np.core
-    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype]
-    allowed += [getattr(np.dtypes, name) for name in dir(np.dtypes) if name.endswith("DType")]
-    with torch.serialization.safe_globals(allowed):
-        return torch.load(path, map_location="cpu", weights_only=True)
-
-
 class _Policies:
     """Policy files of one run, loaded on first use, as (model, normalizer) or the reason there is none."""
 
@@ -192,7 +184,7 @@ class _Policies:
         if not path.is_file():
             return "missing"
         try:
-            state = _load_policy(path)
+            state = checkpoint.load(path)  # tensors, plain containers and numpy arrays only
         except Exception as err:  # reported, not raised
             return f"{path.name} is unreadable: {err}"
         if state.get("version") != version:

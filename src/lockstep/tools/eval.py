@@ -1,10 +1,10 @@
 """Evaluation: play a trained policy in one process, with no learner and no gRPC (``lockstep eval RUN_DIR``).
 
 What is loaded: ``RUN_DIR/config.yaml`` for the env id and the network, and a checkpoint (``--checkpoint``,
-else ``checkpoints/final.pt``, else the newest periodic ``checkpoints/iter_N.pt``), read with
-``weights_only=True`` like every checkpoint. Its trainer state holds the network (``model``) and the
-observation statistics (``obs_rms``) the snapshots normalized with; the policy here is the one the
-learner served at that version.
+else ``checkpoints/final.pt``, else the newest periodic ``checkpoints/iter_N.pt``: ``checkpoint.find``'s
+``final``), read to the CPU with ``weights_only=True`` like every checkpoint (``checkpoint.load``). Its
+trainer state holds the network (``model``) and the observation statistics (``obs_rms``) the snapshots
+normalized with; the policy here is the one the learner served at that version.
 
 How it plays: one env, ``envs.make_env(env_id, training=False)`` (for ``atari:`` ids one episode per game
 and raw scores), episodes one after another. Actions are sampled as the learner samples them
@@ -44,6 +44,7 @@ from lockstep.envs import SpaceSpec, make_env
 from lockstep.learner import checkpoint as checkpoint_lib
 from lockstep.learner.inference import act, act_recurrent
 from lockstep.models import Policy, build_policy, resolve_device
+from lockstep.observe.run_dir import NotARunDir, RunDir
 
 VIDEO_INSTALL = "pip install -e '.[video]'"
 ATARI_FPS = 15  # the ALE runs at 60 frames a second and each agent step holds its action for wrap_atari's 4
@@ -86,30 +87,16 @@ class Report:
         return data
 
 
-def find_checkpoint(run_dir: Path, given: str | None = None) -> Path:
-    """``given`` if set, else the run's final checkpoint, else its newest periodic one."""
-    if given:
-        path = Path(given)
-        if not path.is_file():
-            raise EvalError(f"checkpoint {path} does not exist")
-        return path
-    directory = run_dir / "checkpoints"
-    if (directory / "final.pt").is_file():
-        return directory / "final.pt"
-    periodic = sorted(directory.glob("iter_*.pt"))  # iter_NNNNNN.pt: the name orders them
-    if periodic:
-        return periodic[-1]
-    raise EvalError(f"no checkpoint in {directory}: a run writes checkpoints/final.pt when it ends (and "
-                    "checkpoints/iter_N.pt with --checkpoint-every N); pass --checkpoint FILE to use another")
-
-
 def load_policy(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, action: SpaceSpec,
                 device: torch.device) -> tuple[config_lib.Config, Policy, ObsNormalizer, Path, int]:
     """The run's config, its policy and observation normalizer from a checkpoint, the checkpoint's path
     and the iteration it was written at."""
     config = load_config(run_dir)
-    path = find_checkpoint(run_dir, checkpoint)
-    trainer = checkpoint_lib.load(path, device)["trainer"]
+    try:
+        path = checkpoint_lib.find(RunDir(run_dir).checkpoints, checkpoint or checkpoint_lib.FINAL)
+    except FileNotFoundError as err:
+        raise EvalError(f"{err}; pass --checkpoint FILE to use another" if checkpoint is None else str(err)) from err
+    trainer = checkpoint_lib.load(path)["trainer"]
     model = build_policy(observation, action, config.model).to(device)
     try:
         model.load_state_dict(trainer["model"])
@@ -124,11 +111,10 @@ def load_policy(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, a
 
 
 def load_config(run_dir: Path) -> config_lib.Config:
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise EvalError(f"{path} not found: {run_dir} is not a lockstep run directory (one that "
-                        "`lockstep train` or `lockstep learner` wrote)")
-    return config_lib.load(path)
+    try:
+        return RunDir(run_dir).config()
+    except NotARunDir as err:
+        raise EvalError(str(err)) from err
 
 
 def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, seed: int = 0,

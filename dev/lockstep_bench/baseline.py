@@ -4,8 +4,9 @@ One process, no RPC, no gate, no extra processes. It uses the same pieces the
 learner uses, in the same order:
 
     the SAME Gymnasium vector env  (``envs.make_vector_env``, N = actors * envs_per_actor envs)
-    the SAME policy forward        (``Trainer.snapshot().act`` with ``noise.uniform`` over
-                                    each actor's ``noise.slot_keys`` and per-step counters)
+    the SAME policy forward        (``Trainer.snapshot().step`` with ``noise.uniform`` over
+                                    each actor's ``noise.slot_keys`` and per-step counters, and
+                                    each slot's policy state, zeroed where an episode starts)
     the SAME rollout store         (``rollout.Unroll`` + ``assemble``: ``record_action``,
                                     ``record_outcome`` of step t, truncated envs' final obs,
                                     ``finish`` with the observation after T steps)
@@ -45,9 +46,9 @@ from lockstep import config as config_lib
 from lockstep import envs as envs_lib
 from lockstep.actor import EnvLoop
 from lockstep.algo import noise
+from lockstep.common.device import resolve_device
 from lockstep.learner.rollout import Unroll, assemble
 from lockstep.learner.trainer import Trainer
-from lockstep.models import resolve_device
 from lockstep.observe.metrics import EpisodeTracker
 from lockstep_bench.hooks import CollectOnlyTrainer
 
@@ -76,6 +77,7 @@ def run(config: config_lib.Config, collect_only: bool = False) -> dict[str, Any]
         keys = np.concatenate([noise.slot_keys(seed, a, k) for a in actors])
         snapshot = trainer.snapshot()
         width = snapshot.model.noise_width
+        state = snapshot.initial_state(n)  # [n, S], carried across iterations as a session carries it
         limit, target = config.run.time_limit_s, config.run.stop_at_return
         env_s = inference_s = training_s = 0.0
         counter = 0  # every slot's noise counter: steps taken so far
@@ -84,11 +86,11 @@ def run(config: config_lib.Config, collect_only: bool = False) -> dict[str, Any]
         t0 = time.perf_counter()
         wall = 0.0
         while True:
-            unroll = Unroll(0, n, T, *shapes)
+            unroll = Unroll(0, n, T, *shapes, initial_state=state)
             for t in range(T):
                 start = time.perf_counter()
                 uniform = noise.uniform(keys, np.full(n, counter, np.uint64), width)
-                actions, logprobs, values = snapshot.act(loop.obs, uniform)
+                actions, logprobs, values, state = snapshot.step(loop.obs, uniform, state)
                 counter += 1
                 mid = time.perf_counter()
                 unroll.record_action(t, loop.obs, actions, logprobs, values, snapshot.version)
@@ -98,6 +100,8 @@ def run(config: config_lib.Config, collect_only: bool = False) -> dict[str, Any]
                 inference_s += mid - start
                 unroll.record_outcome(t, loop.reward, loop.terminated, loop.truncated, loop.final_index,
                                       loop.final_obs)
+                # the next observation of a slot whose episode ended starts a new one (``Session.step``)
+                state = np.where((loop.terminated | loop.truncated)[:, None], np.float32(0), state)
                 collected += n
                 episodes.add(loop.ep_return, loop.ep_length, collected, time.perf_counter() - t0)
             unroll.finish(loop.obs)

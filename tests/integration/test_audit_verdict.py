@@ -102,7 +102,10 @@ def _logprob(run: Path, version: int, obs: np.ndarray, action: np.ndarray) -> np
     model = ActorCritic(spec.observation, spec.action, config.model.hidden, config.model.activation)
     model.load_state_dict(torch.load(run / "audit" / f"policy_v{version:06d}.pt", weights_only=False)["model"])
     with torch.inference_mode():
-        return model.evaluate(torch.as_tensor(obs[None]), torch.as_tensor(action[None]))[0].numpy()[0]
+        one = torch.zeros(1, 1, dtype=torch.bool)  # one step of one slot, a feedforward policy's empty state
+        logprob = model.evaluate(torch.as_tensor(obs[None, None]), torch.as_tensor(action[None, None]), one,
+                                 torch.zeros(1, 0))[0]
+        return logprob.numpy()[0, 0]
 
 
 def test_a_sample_lagging_beyond_max_lag_fails_even_when_its_logprob_recomputes(pipelined_run, tmp_path, capsys):

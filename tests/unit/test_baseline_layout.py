@@ -1,9 +1,9 @@
 """The in-process baseline runs the learner's slot layout: for the same config and seed, a strict learner
-and the baseline learn the same curve, so ``bench learn`` and ``bench throughput`` compare speed alone."""
+and the baseline learn the same curve, so ``bench learn`` and ``bench throughput`` compare speed alone.
+With an LSTM too: the baseline carries each slot's state as a session does."""
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -16,8 +16,9 @@ from lockstep.observe.run_dir import RunDir
 ITERATIONS = 12
 
 
-def _config() -> Config:
+def _config(lstm_size: int) -> Config:
     config = Config()
+    config.model.lstm_size = lstm_size
     config.env.actors, config.env.envs_per_actor = 2, 3  # actor 1's slots after actor 0's, in both
     config.ppo.steps_per_env, config.ppo.total_steps = 16, 2 * 3 * 16 * ITERATIONS
     config.ppo.lr = 1e-2  # large, so that the policy (and with it every later episode) changes each update
@@ -28,10 +29,11 @@ def _config() -> Config:
     return config
 
 
-def test_a_strict_learner_and_the_baseline_with_the_same_layout_learn_the_same_curve(tmp_path):
-    summary = train(copy.deepcopy(_config()), tmp_path / "run")
+@pytest.mark.parametrize("lstm_size", [0, 8], ids=["mlp", "lstm"])
+def test_a_strict_learner_and_the_baseline_with_the_same_layout_learn_the_same_curve(tmp_path, lstm_size):
+    summary = train(_config(lstm_size), tmp_path / "run")
     rows = RunDir(tmp_path / "run").metrics()
-    result = baseline.run(_config())
+    result = baseline.run(_config(lstm_size))
 
     assert summary["iterations"] == result["iterations"] == ITERATIONS
     assert summary["episodes"] == result["episodes"] > 20

@@ -27,11 +27,12 @@ def snapshot() -> PolicySnapshot:
     return PolicySnapshot(3, model, None, None, 10.0, torch.device("cpu"))
 
 
-def request(rows: int, first_key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``rows`` observations with their own slot keys and step counters."""
+def request(rows: int, first_key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``rows`` observations with their own slot keys, step counters and (empty) states."""
     rng = np.random.default_rng(first_key)
     keys = np.arange(first_key, first_key + rows, dtype=np.uint64)
-    return rng.normal(size=(rows, 3)).astype(np.float32), keys, np.full(rows, 5 + first_key, np.uint64)
+    state = np.zeros((rows, 0), np.float32)  # a feedforward policy's
+    return rng.normal(size=(rows, 3)).astype(np.float32), keys, np.full(rows, 5 + first_key, np.uint64), state
 
 
 def run(coro, timeout: float = 10.0):
@@ -42,8 +43,8 @@ def run(coro, timeout: float = 10.0):
 
 def expected(snapshot: PolicySnapshot, req) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What the snapshot answers for these rows alone, with the same noise."""
-    obs, keys, counters = req
-    return snapshot.act(obs, noise.uniform(keys, counters, snapshot.model.noise_width))
+    obs, keys, counters, state = req
+    return snapshot.step(obs, noise.uniform(keys, counters, snapshot.model.noise_width), state)[:3]
 
 
 def assert_answers(result, snapshot: PolicySnapshot, req) -> None:
@@ -135,7 +136,7 @@ def test_cancelled_request_is_skipped_and_the_others_are_answered(snapshot):
 
 
 class Broken(PolicySnapshot):
-    def act(self, obs, uniform):
+    def step(self, obs, uniform, state):
         raise RuntimeError("forward pass failed")
 
 
@@ -174,5 +175,6 @@ def test_results_are_split_back_to_each_request_in_order(snapshot):
     # the batch's answer, row for row, is the concatenation of the requests' own answers
     obs = np.concatenate([r[0] for r in reqs])
     uniform = noise.uniform(np.concatenate([r[1] for r in reqs]), np.concatenate([r[2] for r in reqs]), 4)
-    np.testing.assert_array_equal(np.concatenate([r.actions for r in results]), snapshot.act(obs, uniform)[0])
+    together = snapshot.step(obs, uniform, np.zeros((len(obs), 0)))[0]
+    np.testing.assert_array_equal(np.concatenate([r.actions for r in results]), together)
     assert len(set(np.concatenate([r.actions for r in results]).tolist())) > 1  # the rows do differ

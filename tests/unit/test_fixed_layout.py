@@ -41,8 +41,14 @@ def snapshot(request) -> PolicySnapshot:
 
 
 def _request(member: int, slots: int, step: int, rng: np.random.Generator):
+    """obs, keys, counters and the slots' state (a feedforward policy's: [slots, 0])."""
     obs = rng.normal(size=(slots, 4)).astype(np.float32) * rng.uniform(0.1, 30.0)
-    return obs, noise.slot_keys(7, member, slots), np.full(slots, step, np.uint64)
+    return obs, noise.slot_keys(7, member, slots), np.full(slots, step, np.uint64), np.zeros((slots, 0), np.float32)
+
+
+def _act(snapshot: PolicySnapshot, obs: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One pass over these rows alone: actions, log-probs, values."""
+    return snapshot.step(obs, uniform, snapshot.initial_state(len(obs)))[:3]
 
 
 def _flush(batcher: Batcher, requests: dict[int, tuple]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -77,7 +83,7 @@ def test_premise_for_a_fixed_shape_a_row_does_not_depend_on_the_other_rows(snaps
             obs = rng.normal(size=(rows, 4)).astype(np.float32) * [0.0, 1.0, 1e3, 1e-3, 50.0, 1.0][trial]
             u = rng.uniform(1e-6, 1 - 1e-6, size=(rows, snapshot.model.noise_width))
             obs[position], u[position] = row_obs, row_u
-            actions, logprobs, values = snapshot.act(obs, u)
+            actions, logprobs, values = _act(snapshot, obs, u)
             answers.add((actions[position].tobytes(), logprobs[position].tobytes(), values[position].tobytes()))
         assert len(answers) == 1, (rows, position)
 
@@ -110,7 +116,7 @@ def test_answers_are_the_rows_of_the_full_layout_pass(snapshot):
     obs = np.concatenate([requests[m][0] for m in sorted(LAYOUT)])  # members in id order
     u = noise.uniform(np.concatenate([requests[m][1] for m in sorted(LAYOUT)]),
                       np.concatenate([requests[m][2] for m in sorted(LAYOUT)]), snapshot.model.noise_width)
-    full = snapshot.act(obs, u)
+    full = _act(snapshot, obs, u)
     rows = {2: slice(0, 3), 5: slice(3, 4), 9: slice(4, 8)}
     for m, r in rows.items():
         _same(got[m], tuple(a[r] for a in full))
@@ -160,6 +166,6 @@ def test_requests_outside_the_layout_are_answered_in_a_pass_of_their_own(snapsho
     loose_obs = np.concatenate([stranger[0], wrong[0]])
     loose_u = noise.uniform(np.concatenate([stranger[1], wrong[1]]), np.concatenate([stranger[2], wrong[2]]),
                             snapshot.model.noise_width)
-    actions, logprobs, values = snapshot.act(loose_obs, loose_u)
+    actions, logprobs, values = _act(snapshot, loose_obs, loose_u)
     _same((got_stranger.actions, got_stranger.logprobs, got_stranger.values), (actions[:2], logprobs[:2], values[:2]))
     _same((got_wrong.actions, got_wrong.logprobs, got_wrong.values), (actions[2:], logprobs[2:], values[2:]))

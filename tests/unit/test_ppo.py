@@ -238,13 +238,25 @@ def test_ppo_norm_adv_false_leaves_advantages_unscaled():
 # ---------------------------------------------------------------------------------------------
 # update
 # ---------------------------------------------------------------------------------------------
+def _sample(model, obs: torch.Tensor, uniform: torch.Tensor):
+    """``Policy.step`` of a feedforward policy (its state [B, 0]): action, log-prob, value."""
+    return model.step(obs, uniform, torch.zeros(len(obs), 0))[:3]
+
+
+def _evaluate(model, obs: torch.Tensor, actions: torch.Tensor):
+    """``Policy.evaluate`` of B independent samples, as one step of B slots: log-prob, entropy, value [B]."""
+    B = len(obs)
+    out = model.evaluate(obs[None], actions[None], torch.zeros(1, B, dtype=torch.bool), torch.zeros(B, 0))
+    return tuple(x[0] for x in out)
+
+
 def _discrete_batch(B: int = 64, seed: int = 0):
     torch.manual_seed(seed)
     model = ActorCritic(OBS_SPACE, DISCRETE2, [16, 16])
     obs = torch.randn(B, 4)
     actions = torch.arange(B) % 2
     with torch.no_grad():
-        old_logprob, _, old_value = model.evaluate(obs, actions)
+        old_logprob, _, old_value = _evaluate(model, obs, actions)
     advantages = torch.where(actions == 1, 1.0, -1.0)  # action 1 is good, action 0 is bad
     returns = old_value.clone()
     return model, obs, actions, old_logprob, advantages, returns, old_value
@@ -253,7 +265,10 @@ def _discrete_batch(B: int = 64, seed: int = 0):
 def _run_update(model, batch, *, epochs=4, minibatches=4, target_kl=None, lr=1e-2, norm_adv=True):
     obs, actions, old_logprob, advantages, returns, old_value = batch
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, eps=1e-5)
-    return update(model, optimizer, obs, actions, old_logprob, advantages, returns, old_value,
+    B = len(obs)  # B samples: one step of B slots, each its own sequence
+    return update(model, optimizer, obs[None], actions[None], torch.zeros(1, B, dtype=torch.bool), torch.zeros(B, 0),
+                  torch.ones(1, B, dtype=torch.bool), old_logprob[None], advantages[None], returns[None],
+                  old_value[None],
                   epochs=epochs, minibatches=minibatches, clip_coef=0.2, clip_vloss=True, vf_coef=0.5,
                   ent_coef=0.01, max_grad_norm=0.5, norm_adv=norm_adv, target_kl=target_kl,
                   generator=torch.Generator().manual_seed(1))
@@ -265,10 +280,10 @@ def test_update_raises_logprob_of_action_with_positive_advantage(norm_adv):
     obs = batch[0]
     ones = torch.ones(obs.shape[0], dtype=torch.long)
     with torch.no_grad():
-        before = model.evaluate(obs, ones)[0].mean().item()
+        before = _evaluate(model, obs, ones)[0].mean().item()
     _run_update(model, batch, norm_adv=norm_adv)
     with torch.no_grad():
-        after = model.evaluate(obs, ones)[0].mean().item()
+        after = _evaluate(model, obs, ones)[0].mean().item()
     assert after > before + 0.01
     assert after < math.log(1.0)  # still a probability
 
@@ -303,7 +318,7 @@ def test_update_reports_finite_mean_statistics():
 
 
 # ---------------------------------------------------------------------------------------------
-# ActorCritic.sample vs evaluate
+# ActorCritic.step vs evaluate
 # ---------------------------------------------------------------------------------------------
 def _noise(batch: int, width: int, seed: int = 7) -> torch.Tensor:
     keys = noise.slot_keys(seed, 0, batch)
@@ -317,8 +332,8 @@ def test_discrete_sample_logprob_equals_evaluate_logprob():
         model.actor[-1].weight.mul_(300.0)
     obs = torch.randn(256, 4)
     with torch.no_grad():
-        action, logprob, value = model.sample(obs, _noise(256, model.noise_width))
-        eval_logprob, entropy, eval_value = model.evaluate(obs, action)
+        action, logprob, value = _sample(model, obs, _noise(256, model.noise_width))
+        eval_logprob, entropy, eval_value = _evaluate(model, obs, action)
     assert action.shape == (256,) and action.dtype == torch.int64
     assert set(action.tolist()) == {0, 1}
     torch.testing.assert_close(logprob, eval_logprob)
@@ -333,8 +348,8 @@ def test_continuous_sample_logprob_equals_evaluate_logprob():
         model.log_std.copy_(torch.tensor([-0.5, 0.3]))
     obs = torch.randn(128, 4)
     with torch.no_grad():
-        action, logprob, value = model.sample(obs, _noise(128, model.noise_width))
-        eval_logprob, entropy, eval_value = model.evaluate(obs, action)
+        action, logprob, value = _sample(model, obs, _noise(128, model.noise_width))
+        eval_logprob, entropy, eval_value = _evaluate(model, obs, action)
     assert model.noise_width == 4
     assert action.shape == (128, 2)
     torch.testing.assert_close(logprob, eval_logprob, rtol=1e-5, atol=1e-5)
@@ -352,7 +367,7 @@ def test_discrete_sample_frequencies_match_softmax_probabilities():
         model.actor[-1].bias.copy_(logits)
     n = 30_000
     with torch.no_grad():
-        action, logprob, _ = model.sample(torch.zeros(n, 4), _noise(n, model.noise_width))
+        action, logprob, _ = _sample(model, torch.zeros(n, 4), _noise(n, model.noise_width))
     probs = torch.softmax(logits, 0).double()  # [0.2447, 0.6652, 0.0900]
     counts = torch.bincount(action, minlength=3).double()
     expected = probs * n
@@ -371,7 +386,7 @@ def test_continuous_sample_is_gaussian_with_policy_mean_and_std():
         model.log_std.copy_(log_std)
     n = 40_000
     with torch.no_grad():
-        action, _, _ = model.sample(torch.zeros(n, 4), _noise(n, model.noise_width))
+        action, _, _ = _sample(model, torch.zeros(n, 4), _noise(n, model.noise_width))
     std = log_std.exp()
     got_mean = action.double().mean(0)
     got_std = action.double().std(0)
@@ -388,8 +403,8 @@ def test_sample_is_deterministic_given_the_noise():
     obs = torch.randn(16, 4)
     u = _noise(16, model.noise_width)
     with torch.no_grad():
-        a1, lp1, _ = model.sample(obs, u)
-        a2, lp2, _ = model.sample(obs, u.clone())
-        a3, _, _ = model.sample(obs, _noise(16, model.noise_width, seed=8))
+        a1, lp1, _ = _sample(model, obs, u)
+        a2, lp2, _ = _sample(model, obs, u.clone())
+        a3, _, _ = _sample(model, obs, _noise(16, model.noise_width, seed=8))
     assert torch.equal(a1, a2) and torch.equal(lp1, lp2)
     assert not torch.equal(a1, a3)

@@ -52,13 +52,13 @@ def test_a_sequence_replays_the_single_steps_of_inference_with_resets(critic_lst
     actions, logprobs, values = [], [], []
     for t in range(T):  # what the learner does: reset where an episode starts, then one step
         state = torch.where(starts[t][:, None], torch.zeros_like(state), state)
-        a, lp, v, state = policy.sample_step(obs[t], uniform[t], state)
+        a, lp, v, state = policy.step(obs[t], uniform[t], state)
         actions.append(a), logprobs.append(lp), values.append(v)
-    logprob, _, value = policy.evaluate_sequence(obs, torch.stack(actions), starts, initial)
+    logprob, _, value = policy.evaluate(obs, torch.stack(actions), starts, initial)
     torch.testing.assert_close(logprob, torch.stack(logprobs), rtol=0, atol=1e-6)
     torch.testing.assert_close(value, torch.stack(values), rtol=0, atol=1e-6)
     # without the resets the replay differs: the reset is what makes slot 0 forget at step 2
-    wrong, _, _ = policy.evaluate_sequence(obs, torch.stack(actions), torch.zeros_like(starts), initial)
+    wrong, _, _ = policy.evaluate(obs, torch.stack(actions), torch.zeros_like(starts), initial)
     assert not torch.allclose(wrong[2:, 0], logprob[2:, 0], atol=1e-4)
     torch.testing.assert_close(wrong[:, 1], logprob[:, 1], rtol=0, atol=1e-6)  # slot 1 never reset
 
@@ -68,7 +68,7 @@ def test_with_a_critic_lstm_the_policy_loss_never_reaches_the_critics_memory_nor
     T, B = 5, 2
     obs, starts = torch.randn(T, B, 4), torch.zeros(T, B, dtype=torch.bool)
     actions = torch.randint(0, 2, (T, B))
-    logprob, _, value = policy.evaluate_sequence(obs, actions, starts, torch.randn(B, policy.state_size))
+    logprob, _, value = policy.evaluate(obs, actions, starts, torch.randn(B, policy.state_size))
     lstms = [*policy.lstm.actor.parameters(), *policy.lstm.critic.parameters()]  # 4 tensors each
 
     def moved(loss: torch.Tensor) -> list[bool]:
@@ -81,8 +81,8 @@ def test_with_a_critic_lstm_the_policy_loss_never_reaches_the_critics_memory_nor
     state = torch.randn(B, policy.state_size)
     other = state.clone()
     other[:, 8:16] += 1.0  # h of the critic's LSTM ([h_actor, h_critic, c_actor, c_critic], 8 units each)
-    a = policy.evaluate_sequence(obs, actions, starts, state)
-    b = policy.evaluate_sequence(obs, actions, starts, other)
+    a = policy.evaluate(obs, actions, starts, state)
+    b = policy.evaluate(obs, actions, starts, other)
     torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
     assert not torch.allclose(a[2], b[2])
 
@@ -137,7 +137,7 @@ def test_a_session_carries_each_slots_state_resets_it_on_done_and_on_a_new_run_i
     def expected(sequence: list[np.ndarray], starts: list[tuple[bool, bool]]) -> np.ndarray:
         obs = torch.as_tensor(np.stack(sequence))  # [t, 2, 4]
         with torch.no_grad():
-            _, states = model.values_sequence(obs, torch.as_tensor(starts), torch.zeros(2, 16))
+            states = model.states(obs, torch.as_tensor(starts), torch.zeros(2, 16))
         return states[-1].numpy()
 
     rng = np.random.default_rng(0)

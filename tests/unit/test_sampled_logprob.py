@@ -1,7 +1,7 @@
 """The behaviour log-prob stored at sampling time is the one training and the audit recompute.
 
-``ActorCritic.sample`` returns an action and its log-prob; the trainer (the PPO ratio) and
-``lockstep audit`` later call ``ActorCritic.evaluate`` on the stored action. For a narrow
+``Policy.step`` returns an action and its log-prob; the trainer (the PPO ratio) and
+``lockstep audit`` later call ``Policy.evaluate`` on the stored action. For a narrow
 Gaussian far from zero the float32 action has lost most of the noise's precision, so a
 log-prob computed from the noise instead of the stored action disagrees with the recomputed
 one by far more than the audit's tolerance.
@@ -24,6 +24,18 @@ BOX = SpaceSpec("box", (2,), "float32", low=np.full(2, -1e3, np.float32), high=n
 DISCRETE = SpaceSpec("discrete", (), "int64", n=4)
 
 
+def _sample(model, obs: torch.Tensor, uniform: torch.Tensor):
+    """``Policy.step`` of a feedforward policy (its state [B, 0]): action, log-prob, value."""
+    return model.step(obs, uniform, torch.zeros(len(obs), 0))[:3]
+
+
+def _evaluate(model, obs: torch.Tensor, actions: torch.Tensor):
+    """``Policy.evaluate`` of B independent samples, as one step of B slots: log-prob, entropy, value [B]."""
+    B = len(obs)
+    out = model.evaluate(obs[None], actions[None], torch.zeros(1, B, dtype=torch.bool), torch.zeros(B, 0))
+    return tuple(x[0] for x in out)
+
+
 def _narrow_gaussian(mean: float, log_std: float) -> ActorCritic:
     torch.manual_seed(0)
     model = ActorCritic(OBS, BOX, [16, 16])
@@ -43,10 +55,10 @@ def test_narrow_gaussian_stored_logprob_is_the_recomputed_one():
     model = _narrow_gaussian(mean=100.0, log_std=-8.0)
     obs, uniform = _batch(256, model.noise_width)
     normalize = ObsNormalizer(None, None, 10.0, torch.device("cpu"))
-    actions, stored, _ = act(model, normalize, obs, uniform, torch.device("cpu"))
+    actions, stored, _, _ = act(model, normalize, obs, uniform, np.zeros((len(obs), 0)), torch.device("cpu"))
     assert actions.dtype == np.float32 and np.abs(actions - 100.0).max() < 0.1  # the regime of the problem
     with torch.inference_mode():
-        recomputed = model.evaluate(torch.as_tensor(obs), torch.as_tensor(actions))[0].numpy()
+        recomputed = _evaluate(model, torch.as_tensor(obs), torch.as_tensor(actions))[0].numpy()
     assert np.abs(recomputed.astype(np.float64) - stored).max() <= AUDIT_TOLERANCE
     # on the same rows the two are the same computation, so on-policy the first PPO ratio is exactly 1
     np.testing.assert_array_equal(recomputed, stored)
@@ -59,7 +71,7 @@ def test_wide_gaussian_actions_still_follow_the_noise():
     obs, uniform = _batch(64, model.noise_width)
     with torch.inference_mode():
         x, u = torch.as_tensor(obs), torch.as_tensor(uniform, dtype=torch.float32)
-        action, logprob, _ = model.sample(x, u)
+        action, logprob, _ = _sample(model, x, u)
         mean = model.actor(x)
         u1, u2 = u[:, :2], u[:, 2:]
         z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * np.pi * u2)
@@ -76,10 +88,10 @@ def test_discrete_sampling_is_the_gumbel_max_of_the_logits():
     obs, uniform = _batch(128, model.noise_width)
     with torch.inference_mode():
         x, u = torch.as_tensor(obs), torch.as_tensor(uniform, dtype=torch.float32)
-        action, logprob, value = model.sample(x, u)
+        action, logprob, value = _sample(model, x, u)
         logits = model.actor(x).log_softmax(-1)
         expected = (logits + -torch.log(-torch.log(u))).argmax(-1)
         assert torch.equal(action, expected)
         assert torch.equal(logprob, logits.gather(-1, expected[:, None]).squeeze(-1))
-        assert torch.equal(logprob, model.evaluate(x, action)[0])
-        assert torch.equal(value, model.value(x))
+        assert torch.equal(logprob, _evaluate(model, x, action)[0])
+        assert torch.equal(value, model.value_after(x, torch.zeros(len(x), 0)))

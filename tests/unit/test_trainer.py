@@ -43,7 +43,8 @@ def linear_trainer(max_lag: int | None = 0, normalize_reward: bool = False) -> T
 def value_fn(trainer: Trainer):
     """What ``Trainer.train`` bootstraps with: the critic on normalized raw observations."""
     normalize = trainer.normalizer()
-    return lambda obs, *_: trainer.model.value(normalize(torch.as_tensor(obs, dtype=torch.float32)))
+    return lambda obs, *_: trainer.model.value_after(normalize(torch.as_tensor(obs, dtype=torch.float32)),
+                                                     torch.zeros(len(obs), 0))  # a feedforward policy's state
 
 
 def make_batch(values, *, members=None, slots=None, lengths=None, terminated=(), truncated=(), finals=(),

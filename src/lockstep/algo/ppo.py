@@ -132,31 +132,27 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Call
 
 
 def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor,
-           old_logprob: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
-           **settings) -> UpdateStats:
-    """PPO on flattened samples ([B, ...]), each sample once per epoch; ``settings``: see ``optimize``.
-
-    ``model.evaluate(obs, actions)`` must return (log-prob, entropy, value), each [B].
-    """
-    def minibatch(idx: torch.Tensor) -> Minibatch:
-        new_logprob, entropy, new_value = model.evaluate(obs[idx], actions[idx])
-        return new_logprob, old_logprob[idx], advantages[idx], new_value, old_value[idx], returns[idx], entropy
-
-    return optimize(model, optimizer, minibatch, obs.shape[0], device=obs.device, **settings)
-
-
-def update_recurrent(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor,
-                     starts: torch.Tensor, initial_state: torch.Tensor, valid: torch.Tensor, old_logprob: torch.Tensor,
-                     advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
-                     **settings) -> UpdateStats:
-    """PPO with backpropagation through time: minibatches of whole slots, each replayed over its T steps.
+           starts: torch.Tensor, initial_state: torch.Tensor, valid: torch.Tensor, old_logprob: torch.Tensor,
+           advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, **settings) -> UpdateStats:
+    """PPO on [T, N] sequences; ``settings``: see ``optimize``.
 
     obs [T, N, *obs], actions [T, N, *act], starts [T, N] (episode starts, where the state resets),
     initial_state [N, S], valid [T, N] (False past a slot cut short), the rest [T, N].
-    ``model.evaluate_sequence(obs, actions, starts, state)`` must return (log-prob, entropy, value), each [T, n].
+    ``model.evaluate(obs, actions, starts, state)`` returns (log-prob, entropy, value), each [T, n].
+
+    Minibatches are of whole slots, each replayed over its T steps (backpropagation through time).
+    A policy whose state holds nothing (``state_size`` 0) has independent samples: its valid samples
+    become one step of B slots, so that its minibatches are of samples, each sample once per epoch.
     """
+    if model.state_size == 0:
+        B = int(valid.sum())
+        obs, actions, old_logprob, advantages, returns, old_value = (
+            x[valid][None] for x in (obs, actions, old_logprob, advantages, returns, old_value))  # [1, B, ...]
+        starts = torch.zeros((1, B), dtype=torch.bool, device=obs.device)
+        initial_state, valid = initial_state.new_zeros((B, 0)), torch.ones((1, B), dtype=torch.bool, device=obs.device)
+
     def minibatch(slots: torch.Tensor) -> Minibatch:
-        new_logprob, entropy, new_value = model.evaluate_sequence(
+        new_logprob, entropy, new_value = model.evaluate(
             obs[:, slots], actions[:, slots], starts[:, slots], initial_state[slots])  # [T, n] each
         keep = valid[:, slots]  # [T, n] -> the minibatch's samples
         return (new_logprob[keep], old_logprob[:, slots][keep], advantages[:, slots][keep], new_value[keep],

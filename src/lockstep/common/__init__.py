@@ -1,1 +1,1 @@
-"""Plumbing shared by both sides: atomic file writes, backoff."""
+"""Plumbing shared by both sides: atomic file writes, backoff, the torch device."""

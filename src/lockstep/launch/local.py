@@ -18,13 +18,13 @@ from typing import Any
 
 from lockstep.actor import ActorOptions, process_main
 from lockstep.common.backoff import Backoff
+from lockstep.common.device import resolve_device
 from lockstep.config import Config
 from lockstep.launch import Launcher
 from lockstep.launch.ray import RayActors
 from lockstep.learner.distributed import Ranks, ranks_run
 from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.wiring import Learner
-from lockstep.models import resolve_device
 from lockstep.observe.metrics import write_summary
 from lockstep.observe.progress import Progress
 

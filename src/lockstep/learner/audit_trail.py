@@ -53,8 +53,9 @@ class AuditWriter:
     def batch(self, iteration: int, trained_by: int, strategy: str, batch: Batch) -> None:
         # the bound is recorded with each batch: a resumed run may have been given another --max-lag
         bound = sync.strategy(strategy, self._max_lag).max_lag
-        recurrent = {} if batch.initial_state is None else {"initial_state": batch.initial_state,
-                                                             "starts": batch.starts}
+        # a feedforward policy's state holds no floats: its batches keep the format they always had
+        has_state = batch.initial_state.shape[1] > 0
+        recurrent = {"initial_state": batch.initial_state, "starts": batch.starts} if has_state else {}
         atomic_write(self.directory / f"batch_{iteration:06d}.npz", lambda f: np.savez_compressed(
             f, obs=batch.obs, actions=batch.actions, logprobs=batch.logprobs, versions=batch.versions,
             lengths=batch.lengths, trained_by=np.int64(trained_by), strategy=np.str_(strategy),

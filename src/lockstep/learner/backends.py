@@ -52,14 +52,14 @@ class InferenceStats:
 
 
 class InferenceBackend(Protocol):
-    state_size: int  # recurrent state per env slot that sessions keep and pass in (0: a feedforward policy)
+    state_size: int  # state per env slot that sessions keep and pass in (0: a feedforward policy)
 
     async def infer(self, member: int, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray,
-                    state: np.ndarray | None = None) -> InferenceResult | None:
+                    state: np.ndarray) -> InferenceResult | None:
         """Actions for one actor's request; None means "no action, send the step again".
 
-        ``state`` [k, S]: the slots' recurrent state, reset where an episode starts; the result
-        carries the state after the step."""
+        ``state`` [k, S]: the slots' state, reset where an episode starts; the result carries the
+        state after the step."""
 
     def join(self, member: int, num_envs: int) -> None:
         """An actor with ``num_envs`` slots connected; called before any of its requests."""
@@ -107,8 +107,8 @@ class SnapshotBackend:
     def leave(self, member: int) -> None:
         self.batcher.remove(member)
 
-    def infer(self, member, obs, keys, counters, state=None):
-        return self.batcher.infer(obs, keys, counters, member=member, state=state)  # the batcher's own awaitable
+    def infer(self, member, obs, keys, counters, state):
+        return self.batcher.infer(obs, keys, counters, state, member=member)  # the batcher's own awaitable
 
     def train(self, update):
         return update()
@@ -149,8 +149,6 @@ class InPlaceBackend:
 
     Feedforward policies only (the config refuses an LSTM with these strategies)."""
 
-    state_size = 0
-
     def __init__(self, trainer: Trainer, config: Config, expected: Callable[[], int], audit: AuditWriter | None,
                  reference: ReferenceSync | None = None) -> None:
         if reference is None:
@@ -162,6 +160,7 @@ class InPlaceBackend:
         self._pool = ThreadPoolExecutor(config.sync.inference_threads, thread_name_prefix="lockstep-infer")
         self._stats = InferenceStats()
         self._lock = threading.Lock()
+        self.state_size = trainer.model.state_size
         self.publish()
 
     def join(self, member: int, num_envs: int) -> None:
@@ -170,27 +169,29 @@ class InPlaceBackend:
     def leave(self, member: int) -> None:
         pass
 
-    async def infer(self, member, obs, keys, counters, state=None):
+    async def infer(self, member, obs, keys, counters, state):
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._guarded_pass, member, obs, keys, counters)
+        return await loop.run_in_executor(self._pool, self._guarded_pass, member, obs, keys, counters, state)
 
-    def _guarded_pass(self, member: int, obs: np.ndarray, keys: np.ndarray,
-                      counters: np.ndarray) -> InferenceResult | None:
-        result = self.reference.infer(member, lambda: self._forward(obs, keys, counters))
+    def _guarded_pass(self, member: int, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray,
+                      state: np.ndarray) -> InferenceResult | None:
+        result = self.reference.infer(member, lambda: self._forward(obs, keys, counters, state))
         if result is not None and result.torn:
             with self._lock:
                 self._stats.torn_reads_used += 1
         return result
 
-    def _forward(self, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray) -> InferenceResult:
+    def _forward(self, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray,
+                 state: np.ndarray) -> InferenceResult:
         """One forward pass on the live model, stamped torn if an update overlapped it."""
         trainer, stats = self._trainer, self._stats
         start = time.perf_counter()
         version, before = trainer.version, self.stamps.sequence
         model = trainer.model
-        actions, logprobs, values = act(model, trainer.normalizer(), np.array(obs),
-                                        noise.uniform(keys, counters, model.noise_width), trainer.device)
-        result = InferenceResult(actions, logprobs, values, version,
+        actions, logprobs, values, after = act(model, trainer.normalizer(), np.array(obs),
+                                               noise.uniform(keys, counters, model.noise_width), state,
+                                               trainer.device)
+        result = InferenceResult(actions, logprobs, values, version, after,
                                  torn=self.stamps.torn(before, self.stamps.sequence))
         with self._lock:  # several pool threads count
             stats.torn_reads += result.torn

@@ -31,26 +31,18 @@ _TINY = float(np.finfo(np.float32).tiny)
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
 
 
-def act(model: Policy, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.ndarray,
-        device: torch.device) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The one sampling function: obs [B, *obs], uniform [B, w] -> action [B, *act], log-prob [B], value [B].
+def act(model: Policy, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.ndarray, state: np.ndarray,
+        device: torch.device) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The one sampling function: obs [B, *obs], uniform [B, w], state [B, S] (reset where episodes start)
+    -> action [B, *act], log-prob [B], value [B], next state [B, S] (S = 0: a feedforward policy).
 
-    Used by snapshots and by the in-place backend alike, so every strategy samples
+    Used by snapshots, the in-place backend, evaluation and the baseline alike, so every one samples
     the same action from the same parameters and noise.
     """
     with torch.inference_mode():
         x = normalize(torch.as_tensor(obs, device=device))
-        action, logprob, value = model.sample(x, _noise(uniform, device))
-        return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy()
-
-
-def act_recurrent(model: Policy, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.ndarray, state: np.ndarray,
-                  device: torch.device) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``act`` for a recurrent policy: also state [B, S] in (reset where episodes start), next state [B, S] out."""
-    with torch.inference_mode():
-        x = normalize(torch.as_tensor(obs, device=device))
         h = torch.as_tensor(state, dtype=torch.float32, device=device)
-        action, logprob, value, after = model.sample_step(x, _noise(uniform, device), h)
+        action, logprob, value, after = model.step(x, _noise(uniform, device), h)
         return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy(), after.cpu().numpy()
 
 
@@ -76,15 +68,14 @@ class PolicySnapshot:
         """Recurrent state per env slot (0: a feedforward policy)."""
         return self.model.state_size
 
-    def act(self, obs: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """obs [B, *obs], uniform [B, w] -> action [B, *act], log-prob [B] float32, value [B] float32."""
-        return act(self.model, self.normalize, obs, uniform, self.device)
+    def initial_state(self, slots: int) -> np.ndarray:
+        """[slots, S] zeros: the state of slots whose episodes start."""
+        return self.model.initial_state(slots)
 
-    def step(self, obs: np.ndarray, uniform: np.ndarray, state: np.ndarray | None) -> Outputs:
-        """``act`` for any policy: the next state [B, S] comes back for a recurrent one, None otherwise."""
-        if self.model.state_size == 0:
-            return (*self.act(obs, uniform), None)
-        return act_recurrent(self.model, self.normalize, obs, uniform, state, self.device)
+    def step(self, obs: np.ndarray, uniform: np.ndarray, state: np.ndarray) -> Outputs:
+        """obs [B, *obs], uniform [B, w], state [B, S] -> action [B, *act], log-prob [B] float32,
+        value [B] float32, next state [B, S]."""
+        return act(self.model, self.normalize, obs, uniform, state, self.device)
 
 
 @dataclass
@@ -93,8 +84,8 @@ class InferenceResult:
     logprobs: np.ndarray
     values: np.ndarray
     version: int
+    state: np.ndarray  # [k, S] each slot's state after this step (S = 0: a feedforward policy)
     torn: bool = False  # the forward pass read parameters of two versions (in-place strategies only)
-    state: np.ndarray | None = None  # [k, S] each slot's recurrent state after this step (recurrent policies)
 
 
 @dataclass
@@ -102,9 +93,9 @@ class _Pending:
     obs: np.ndarray  # [k, *obs]
     keys: np.ndarray  # [k] uint64
     counters: np.ndarray  # [k] uint64
+    state: np.ndarray  # [k, S] the slots' state going in
     future: asyncio.Future
     member: int | None = None
-    state: np.ndarray | None = None  # [k, S] recurrent state going in
 
 
 class _Layout:
@@ -143,14 +134,14 @@ class _Layout:
         return b * self.block_rows, min(self.total, (b + 1) * self.block_rows)
 
 
-Outputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]  # actions [n, *act], log-probs [n],
-# values [n], next recurrent states [n, S] (None for a feedforward policy)
+Outputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # actions [n, *act], log-probs [n],
+# values [n], next states [n, S]
 
 
 def _rows(out: Outputs, a: int, z: int) -> Outputs:
     """Rows [a, z) of a forward pass's outputs."""
     actions, logprobs, values, after = out
-    return actions[a:z], logprobs[a:z], values[a:z], None if after is None else after[a:z]
+    return actions[a:z], logprobs[a:z], values[a:z], after[a:z]
 
 
 def _aligned_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -210,13 +201,13 @@ class Batcher:
         if self._placed.pop(member, None) is not None:
             self._layout = None
 
-    async def infer(self, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray,
-                    member: int | None = None, state: np.ndarray | None = None) -> InferenceResult:
-        """Actions for one request: obs [k, *obs], keys and counters [k]; ``member``: whose rows it uses;
-        ``state`` [k, S]: the slots' recurrent state (recurrent policies only)."""
+    async def infer(self, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray, state: np.ndarray,
+                    member: int | None = None) -> InferenceResult:
+        """Actions for one request: obs [k, *obs], keys and counters [k], state [k, S] (the slots' state,
+        reset where episodes start); ``member``: whose rows it uses."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._pending.append(_Pending(obs, keys, counters, future, member, state))
+        self._pending.append(_Pending(obs, keys, counters, state, future, member))
         self._pending_rows += len(obs)
         if self._pending_rows >= self.max_batch or len(self._pending) >= self._expected():
             self.flush()
@@ -251,7 +242,7 @@ class Batcher:
         self.rows_inferred += sum(len(p.obs) for p in pending)
         for p in pending:
             actions, logprobs, values, state = answers[id(p)]
-            p.future.set_result(InferenceResult(actions, logprobs, values, snapshot.version, state=state))
+            p.future.set_result(InferenceResult(actions, logprobs, values, snapshot.version, state))
 
     def _assign(self, pending: list[_Pending], width: int,
                 state_size: int) -> tuple[list[tuple[_Pending, int]], list[_Pending]]:
@@ -285,9 +276,7 @@ class Batcher:
             # Every row was asked for (the usual strict flush): the requests in layout order are the
             # layout's input, row for row, written in one concatenation.
             obs = np.concatenate([p.obs for p, _ in placed], out=layout.obs)  # [R, *obs]
-            state = layout.state
-            if state.shape[1]:
-                np.concatenate([p.state for p, _ in placed], out=state)  # [R, S]
+            state = np.concatenate([p.state for p, _ in placed], out=layout.state)  # [R, S]
             if layout.total <= layout.block_rows:  # one block: each request's rows are a slice of its outputs
                 out = snapshot.step(obs, uniform, state)
                 return {id(p): _rows(out, first, first + len(p.obs)) for p, first in placed}, 1
@@ -300,8 +289,7 @@ class Batcher:
                 k = len(p.obs)
                 obs[first:first + k] = p.obs
                 uniform[first:first + k] = uniform_rows[i:i + k]
-                if state.shape[1]:
-                    state[first:first + k] = p.state
+                state[first:first + k] = p.state
                 used.update(layout.blocks(first, first + k))
                 i += k
         outputs: dict[int, tuple[int, Outputs]] = {}  # block -> (its first row, its outputs)
@@ -316,8 +304,7 @@ class Batcher:
                 lo, out = outputs[b]
                 a, z = max(first, lo) - lo, end - lo
                 cut.append(_rows(out, a, z))
-            answers[id(p)] = cut[0] if len(cut) == 1 else tuple(
-                None if c[0] is None else np.concatenate(c) for c in zip(*cut))
+            answers[id(p)] = cut[0] if len(cut) == 1 else tuple(np.concatenate(c) for c in zip(*cut))
         return answers, len(used)
 
     @staticmethod
@@ -326,7 +313,7 @@ class Batcher:
         obs = np.concatenate([p.obs for p in loose])  # also makes message bytes writable for torch
         keys = np.concatenate([p.keys for p in loose])
         counters = np.concatenate([p.counters for p in loose])
-        state = np.concatenate([p.state for p in loose]) if snapshot.state_size else None
+        state = np.concatenate([p.state for p in loose])
         out = snapshot.step(obs, noise.uniform(keys, counters, snapshot.model.noise_width), state)
         answers: dict[int, Outputs] = {}
         offset = 0

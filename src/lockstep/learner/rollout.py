@@ -28,9 +28,10 @@ class Unroll:
                  obs_dtype: np.dtype, act_shape: tuple[int, ...], act_dtype: np.dtype,
                  initial_state: np.ndarray | None = None) -> None:
         self.member = member
-        # [k, S] the recurrent state the slots' first step was acted with (None: a feedforward policy)
-        self.initial_state = None if initial_state is None else np.array(initial_state, np.float32)
         T, k = steps, num_envs
+        # [k, S] the policy state the slots' first step was acted with; none given: a feedforward policy's [k, 0]
+        empty = np.zeros((k, 0), np.float32)
+        self.initial_state = empty if initial_state is None else np.array(initial_state, np.float32)
         self.obs = np.zeros((T, k, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros((T, k, *act_shape), dtype=act_dtype)
         self.logprobs = np.zeros((T, k), dtype=np.float32)
@@ -95,7 +96,11 @@ class Batch:
     final_t: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [M] step of each truncation
     final_n: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [M] slot of each truncation
     final_obs: np.ndarray | None = None  # [M, *obs] last observation of each truncated episode
-    initial_state: np.ndarray | None = None  # [N, S] recurrent state at each slot's first step (recurrent only)
+    initial_state: np.ndarray | None = None  # [N, S] policy state at each slot's first step; none given: [N, 0]
+
+    def __post_init__(self) -> None:
+        if self.initial_state is None:  # a feedforward policy's state holds no floats
+            self.initial_state = np.zeros((self.obs.shape[1], 0), np.float32)
 
     @property
     def starts(self) -> np.ndarray:
@@ -159,8 +164,7 @@ def assemble(version: int, unrolls: list[Unroll]) -> Batch:
         final_n=np.concatenate([idx for _, idx, _ in finals]) if finals else np.zeros(0, np.int64),
         final_obs=(np.concatenate([obs for _, _, obs in finals], axis=0) if finals
                    else np.zeros((0, *obs_shape), dtype=unrolls[0].obs.dtype)),
-        initial_state=(None if unrolls[0].initial_state is None
-                       else np.concatenate([u.initial_state for u in unrolls], axis=0)),
+        initial_state=np.concatenate([u.initial_state for u in unrolls], axis=0),
     )
 
 

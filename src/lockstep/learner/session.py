@@ -165,10 +165,10 @@ class Session:
         self.unroll: Unroll | None = None
         self.last_step: int | None = None  # step of the unroll the last action was recorded at
         self.pending: tuple[Admission, np.ndarray] | None = None  # admitted, not yet answered (a retry)
-        # Recurrent policies: each slot's state, kept here between requests (SEED's design). A new session
-        # (a new run id: an actor that started or reconnected) starts from zeros; an episode's end resets it.
-        size = sessions.backend.state_size
-        self.state = np.zeros((self.num_envs, size), np.float32) if size else None
+        # Each slot's policy state, kept here between requests (SEED's design; [k, 0] for a feedforward
+        # policy). A new session (a new run id: an actor that started or reconnected) starts from zeros;
+        # an episode's end resets it.
+        self.state = np.zeros((self.num_envs, sessions.backend.state_size), np.float32)
         self.replaced_by: str | None = None  # run id of the connection that replaced this one
         spec = sessions.spec
         self._shapes = (spec.observation.shape, np.dtype(spec.observation.dtype),
@@ -191,8 +191,8 @@ class Session:
             self.counter += 1
             sessions.slot_counters[self.member] = self.counter
             self.pending = (admission, counters)
-            if self.state is not None:  # the observation of a slot whose episode just ended starts a new one
-                self.state = np.where((data.terminated | data.truncated)[:, None], np.float32(0), self.state)
+            # the observation of a slot whose episode just ended starts a new one
+            self.state = np.where((data.terminated | data.truncated)[:, None], np.float32(0), self.state)
         admission, counters = self.pending
         state_in = self.state
         out = await sessions.backend.infer(self.member, data.obs, self.keys, counters, state_in)

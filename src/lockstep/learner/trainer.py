@@ -186,31 +186,22 @@ class Trainer:
         values = as_t(batch.values)  # [T, N]
         rewards = as_t(self.reward_scaler.scale(batch) if self.reward_scaler else batch.rewards)
         model = self.model
-        if model.state_size:  # recurrent: [T, N] sequences from each slot's initial state, reset at episode starts
-            starts = torch.as_tensor(batch.starts, device=dev)  # [T, N]
-            initial_state = as_t(batch.initial_state)  # [N, S]
-            with torch.no_grad():
-                # [T, N, S] the state after each step that a value is bootstrapped from: every slot's last
-                # step (a cut at each slot's length) and each step before an episode start (truncations)
-                _, after = model.values_sequence(obs, starts, initial_state, cuts=set(batch.lengths.tolist()))
-            value_fn = lambda o, t, n: model.value_after(normalize(as_t(o)), after[t, n])
-        else:
-            value_fn = lambda o, t, n: model.value(normalize(as_t(o)))
+        starts = torch.as_tensor(batch.starts, device=dev)  # [T, N]: the state resets where episodes start
+        initial_state = as_t(batch.initial_state)  # [N, S]
         with torch.no_grad():
-            next_values, continues = bootstrap(batch, values, value_fn)
+            # [T, N, S] the state after each step that a value is bootstrapped from: every slot's last
+            # step (a cut at each slot's length) and each step before an episode start (truncations)
+            after = model.states(obs, starts, initial_state, cuts=set(batch.lengths.tolist()))
+            next_values, continues = bootstrap(
+                batch, values, lambda o, t, n: model.value_after(normalize(as_t(o)), after[t, n]))
             advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
         lr = self._apply_learning_rate()
         actions = as_t(batch.actions, torch.long if model.discrete else torch.float32)  # [T, N, *act]
         logprobs = as_t(batch.logprobs)  # [T, N]
         model.train()
         keep = torch.as_tensor(valid, device=dev)  # [T, N]; False past a cut
-        settings = self._settings()
-        if model.state_size:
-            stats = ppo.update_recurrent(model, self.optimizer, obs, actions, starts, initial_state, keep,
-                                         logprobs, advantages, returns, values, **settings)
-        else:  # flatten [T, N] -> [B], dropping steps past a cut
-            stats = ppo.update(model, self.optimizer, obs[keep], actions[keep], logprobs[keep], advantages[keep],
-                               returns[keep], values[keep], **settings)
+        stats = ppo.update(model, self.optimizer, obs, actions, starts, initial_state, keep, logprobs, advantages,
+                           returns, values, **self._settings())
         if self.obs_rms is not None:
             self._update_rms(self.obs_rms, batch.obs[valid])
         return self._advance(batch, lag, start, lr, stats)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from lockstep import sync
+from lockstep.common.device import resolve_device
 from lockstep.config import Config
 from lockstep.config import save as save_config
 from lockstep.envs import env_spec
@@ -34,7 +35,6 @@ from lockstep.learner.distributed import Ranks
 from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.rollout import PhaseStore, TrainingPhase
 from lockstep.learner.session import Sessions
-from lockstep.models import resolve_device
 from lockstep.observe.metrics import EpisodeTracker
 from lockstep.observe.progress import Status
 from lockstep.observe.report import Clock, Report

@@ -1,7 +1,7 @@
 """Torsos and layers with CleanRL's initialization: what turns an observation into features.
 
 The MLP (orthogonal init, gain sqrt(2) in hidden layers), the Nature CNN for Atari frames and
-the small MinAtar CNN. Each torso returns its module and its feature width; ``models.py`` puts
+the small MinAtar CNN. Each torso returns its module and its feature width; the policies put
 heads (and an LSTM) on top.
 """
 

@@ -17,6 +17,7 @@ from lockstep.config import load as load_config
 from lockstep.envs import EnvSpec, env_spec
 from lockstep.learner import checkpoint
 from lockstep.models import Policy, build_policy
+from lockstep.tools.policy import PolicyMismatch, load_policy
 
 
 class AuditError(RuntimeError):
@@ -165,7 +166,7 @@ class _Policies:
 
     def __init__(self, directory: Path, config: Config, spec: EnvSpec) -> None:
         self.directory, self.config, self.spec = directory, config, spec
-        self.recurrent = config.model.lstm_size > 0
+        self.state_size = build_policy(spec.observation, spec.action, config.model).state_size  # [N, S] per batch
         self._cache: dict[int, tuple[Policy, ObsNormalizer] | str] = {}
 
     def get(self, version: int) -> tuple[Policy, ObsNormalizer] | str:
@@ -189,15 +190,13 @@ class _Policies:
             return f"{path.name} is unreadable: {err}"
         if state.get("version") != version:
             return f"{path.name} says it holds version {state.get('version')}"
-        model = build_policy(self.spec.observation, self.spec.action, self.config.model)
+        if "model" not in state:
+            return f"{path.name} holds no model parameters"
         try:
-            model.load_state_dict(state["model"])
-        except (KeyError, RuntimeError) as err:
-            return f"{path.name} does not fit the configured model: {err}"
-        model.eval().requires_grad_(False)
-        normalizer = ObsNormalizer(state.get("obs_mean"), state.get("obs_var"), self.config.env.clip_obs,
-                                   torch.device("cpu"))
-        return model, normalizer
+            return load_policy(self.config, self.spec.observation, self.spec.action, state["model"],
+                               state.get("obs_mean"), state.get("obs_var"), torch.device("cpu"), path.name)
+        except PolicyMismatch as err:
+            return str(err)
 
 
 def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec, tolerance: float) -> IterationAudit:
@@ -210,8 +209,10 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
             obs, actions = data["obs"], data["actions"]
             stored, stamps = data["logprobs"], data["versions"]
             lengths = data["lengths"] if "lengths" in data.files else np.full(stored.shape[-1], stored.shape[0])
-            initial_state = data["initial_state"] if "initial_state" in data.files else None
-            starts = data["starts"] if "starts" in data.files else None
+            # a feedforward policy's batches hold no states: its state is [N, 0] and nothing resets
+            N = stored.shape[-1]
+            initial_state = data["initial_state"] if "initial_state" in data.files else np.zeros((N, 0), np.float32)
+            starts = data["starts"] if "starts" in data.files else np.zeros(stored.shape, bool)
             result.trained_by, result.strategy = int(data["trained_by"]), str(data["strategy"])
             if "max_lag" in data.files:  # older trails have only the configured bound
                 max_lag = int(data["max_lag"])
@@ -233,15 +234,12 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
         return result
     valid = np.arange(TN[0])[:, None] < lengths[None, :]  # steps past an unroll cut short hold no sample
     actions = actions.astype(spec.action.action_dtype, copy=False)
-    if policies.recurrent:
-        if initial_state is None or starts is None or starts.shape != TN or initial_state.shape[0] != TN[1]:
-            result.problems.append(f"{path.name} lacks the recurrent states (initial_state [N, S] and starts [T, N]) "
-                                   "a recurrent policy's log-probs are recomputed from")
-            return result
-        recomputed = _recompute_recurrent(obs, actions, stamps, valid, initial_state, starts, policies)[valid]
-    else:
-        recomputed = None
-    obs, actions, stored, stamps = obs[valid], actions[valid], stored[valid], stamps[valid]
+    if starts.shape != TN or initial_state.shape != (TN[1], policies.state_size):
+        result.problems.append(f"{path.name} lacks the recurrent states (initial_state [N, S] and starts [T, N]) "
+                               "a recurrent policy's log-probs are recomputed from")
+        return result
+    recomputed = _recompute(obs, actions, stamps, valid, initial_state, starts, policies)[valid]
+    stored, stamps = stored[valid], stamps[valid]
     result.samples = int(stored.size)
     versions = np.unique(stamps)
     result.versions = [int(v) for v in versions]
@@ -263,13 +261,7 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
             else:
                 result.problems.append(policy)
             continue
-        if recomputed is None:
-            model, normalize = policy
-            with torch.inference_mode():
-                got = model.evaluate(normalize(torch.as_tensor(obs[rows])), torch.as_tensor(actions[rows]))[0].numpy()
-        else:
-            got = recomputed[rows]
-        want = stored[rows]
+        got, want = recomputed[rows], stored[rows]
         diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
         diff[got == want] = 0.0  # equal infinities
         diff[np.isnan(diff)] = np.inf
@@ -281,13 +273,14 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
     return result
 
 
-def _recompute_recurrent(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: np.ndarray,
-                         initial_state: np.ndarray, starts: np.ndarray, policies: _Policies) -> np.ndarray:
-    """[T, N] log-probs of a recurrent policy, recomputed step by step as inference computed them: from each
-    slot's stored initial state, reset where an episode starts, each step by the version stamped on it.
+def _recompute(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: np.ndarray,
+               initial_state: np.ndarray, starts: np.ndarray, policies: _Policies) -> np.ndarray:
+    """[T, N] log-probs recomputed step by step as inference computed them: from each slot's stored
+    initial state ([N, 0] for a feedforward policy), reset where an episode starts, each step by the
+    version stamped on it.
 
     NaN where a step cannot be recomputed: its version has no policy (or an unusable one), or an earlier
-    step of its slot had none, so the state it was acted with is unknown."""
+    step of its slot had none, so the (non-empty) state it was acted with is unknown."""
     T, N = stamps.shape
     state = torch.as_tensor(initial_state, dtype=torch.float32)  # [N, S]
     known = np.ones(N, bool)
@@ -299,7 +292,7 @@ def _recompute_recurrent(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarra
                 rows = valid[t] & (stamps[t] == v)
                 policy = policies.get(int(v))
                 if isinstance(policy, str):
-                    known[rows] = False
+                    known[rows] = state.shape[1] == 0  # an empty state is known whatever acted on it
                     continue
                 model, normalize = policy
                 idx = torch.as_tensor(np.flatnonzero(rows))

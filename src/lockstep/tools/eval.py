@@ -8,10 +8,10 @@ normalized with; the policy here is the one the learner served at that version.
 
 How it plays: one env, ``envs.make_env(env_id, training=False)`` (for ``atari:`` ids one episode per game
 and raw scores), episodes one after another. Actions are sampled as the learner samples them
-(``inference.act``, ``inference.act_recurrent``) from counter-based noise of ``--seed``; with
+(``inference.act``) from counter-based noise of ``--seed``; with
 ``--deterministic`` they are the mode (argmax for Discrete, the Gaussian's mean for Box). The env is
-reset with ``--seed`` once, so the same seed plays the same episodes. A recurrent policy's state is
-zeroed at each episode start. Box actions are clipped to the space's bounds, as the actor clips them.
+reset with ``--seed`` once, so the same seed plays the same episodes. The policy's state (recurrent
+policies) is zeroed at each episode start. Box actions are clipped to the space's bounds, as the actor clips them.
 
 Video (``--video DIR``): the env renders ``rgb_array`` frames (one after the reset and one per step, so an
 episode of L steps has L + 1 frames where the env counts every step it takes; Atari's reset presses
@@ -39,12 +39,14 @@ import torch
 from lockstep import config as config_lib
 from lockstep.algo import noise
 from lockstep.algo.normalize import ObsNormalizer
+from lockstep.common.device import resolve_device
 from lockstep.common.files import atomic_write
 from lockstep.envs import SpaceSpec, make_env
 from lockstep.learner import checkpoint as checkpoint_lib
-from lockstep.learner.inference import act, act_recurrent
-from lockstep.models import Policy, build_policy, resolve_device
+from lockstep.learner.inference import act
+from lockstep.models import Policy
 from lockstep.observe.run_dir import NotARunDir, RunDir
+from lockstep.tools.policy import PolicyMismatch, load_policy
 
 VIDEO_INSTALL = "pip install -e '.[video]'"
 ATARI_FPS = 15  # the ALE runs at 60 frames a second and each agent step holds its action for wrap_atari's 4
@@ -87,8 +89,8 @@ class Report:
         return data
 
 
-def load_policy(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, action: SpaceSpec,
-                device: torch.device) -> tuple[config_lib.Config, Policy, ObsNormalizer, Path, int]:
+def load_from_checkpoint(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, action: SpaceSpec,
+                         device: torch.device) -> tuple[config_lib.Config, Policy, ObsNormalizer, Path, int]:
     """The run's config, its policy and observation normalizer from a checkpoint, the checkpoint's path
     and the iteration it was written at."""
     config = load_config(run_dir)
@@ -97,16 +99,13 @@ def load_policy(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, a
     except FileNotFoundError as err:
         raise EvalError(f"{err}; pass --checkpoint FILE to use another" if checkpoint is None else str(err)) from err
     trainer = checkpoint_lib.load(path)["trainer"]
-    model = build_policy(observation, action, config.model).to(device)
-    try:
-        model.load_state_dict(trainer["model"])
-    except RuntimeError as err:
-        raise EvalError(f"{path} does not hold the network {run_dir / 'config.yaml'} describes for "
-                        f"{config.env.id}: {str(err).splitlines()[0]}") from err
-    model.eval().requires_grad_(False)
     rms = trainer.get("obs_rms")
-    normalize = ObsNormalizer(None if rms is None else rms["mean"], None if rms is None else rms["var"],
-                              config.env.clip_obs, device)
+    try:
+        model, normalize = load_policy(config, observation, action, trainer["model"],
+                                       None if rms is None else rms["mean"], None if rms is None else rms["var"],
+                                       device, str(path))
+    except PolicyMismatch as err:
+        raise EvalError(str(err)) from err
     return config, model, normalize, path, int(trainer["iteration"])
 
 
@@ -130,7 +129,8 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
     try:
         obs_spec = SpaceSpec.from_space(env.observation_space)
         act_spec = SpaceSpec.from_space(env.action_space)
-        _, model, normalize, path, iteration = load_policy(run_dir, checkpoint, obs_spec, act_spec, torch_device)
+        _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, obs_spec, act_spec,
+                                                                    torch_device)
         player = _Player(model, normalize, act_spec, deterministic, seed, torch_device)
         writer = _VideoWriter(video_dir, _fps(env_id, env)) if video_dir is not None else None
         report = Report(str(run_dir), str(path), iteration, env_id, deterministic, seed)
@@ -192,39 +192,29 @@ class _Player:
             self.low, self.high = action.low.astype(np.float32), action.high.astype(np.float32)
         self.keys = noise.slot_keys(seed, 0, 1)
         self.steps = 0
-        self.state: np.ndarray | None = None
+        self.state = model.initial_state(1)  # [1, S]
 
     def start_episode(self) -> None:
-        if self.model.state_size:
-            self.state = self.model.initial_state(1)
+        self.state = self.model.initial_state(1)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray | int:
         batch = np.asarray(obs)[None]  # [1, *obs]
         if self.deterministic:
-            action = self._mode(batch)
+            action, self.state = self._mode(batch)
         else:
             uniform = noise.uniform(self.keys, np.array([self.steps], np.uint64), self.model.noise_width)
-            if self.model.state_size:
-                action, _, _, self.state = act_recurrent(self.model, self.normalize, batch, uniform, self.state,
-                                                         self.device)
-            else:
-                action, _, _ = act(self.model, self.normalize, batch, uniform, self.device)
+            action, _, _, self.state = act(self.model, self.normalize, batch, uniform, self.state, self.device)
         self.steps += 1
         if self.discrete:
             return int(action[0])
         return np.clip(action[0], self.low, self.high)  # as the actor clips; the policy's mean may lie outside
 
-    def _mode(self, batch: np.ndarray) -> np.ndarray:
-        """The most likely action: obs [1, *obs] -> action [1, *act]."""
+    def _mode(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The most likely action: obs [1, *obs] -> action [1, *act], next state [1, S]."""
         with torch.inference_mode():
             x = self.normalize(torch.as_tensor(batch, device=self.device))
-            if self.model.state_size:
-                head, _, after = self.model.features_step(x, torch.as_tensor(self.state, device=self.device))
-                self.state = after.cpu().numpy()
-            else:
-                head, _ = self.model.features(x)
-            action = head.argmax(-1) if self.discrete else head.reshape(-1, *self.model.action_shape)
-            return action.cpu().numpy()
+            action, after = self.model.mode(x, torch.as_tensor(self.state, device=self.device))
+            return action.cpu().numpy(), after.cpu().numpy()
 
 
 def _play(env, player: _Player, obs: np.ndarray, writer: _VideoWriter | None, index: int) -> Episode:

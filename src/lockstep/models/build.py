@@ -1,0 +1,79 @@
+"""Which policy a config names: ``build_policy`` for the built-in family or a user's factory.
+
+An MLP for flat observations, the Nature CNN for Atari frames, a small CNN for MinAtar, each
+optionally followed by an LSTM (``model.lstm_size``); or ``model.policy``'s factory
+(``package.module:name`` or ``file.py:name``), found by ``load_factory``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from lockstep.config import MODEL_KINDS, ModelConfig
+from lockstep.envs import SpaceSpec
+from lockstep.models.feedforward import ActorCritic, TorsoActorCritic
+from lockstep.models.networks import mlp_torso, nature_cnn, small_cnn
+from lockstep.models.policy import Policy
+from lockstep.models.recurrent import RecurrentPolicy
+
+
+def torso_kind(observation: SpaceSpec, kind: str) -> str:
+    """``model.kind`` resolved: auto takes a CNN for image observations [C, H, W] (the Nature CNN from
+    36 pixels up, the small MinAtar CNN below) and the MLP for everything else."""
+    if kind != "auto":
+        return kind
+    if len(observation.shape) == 3:
+        return "nature-cnn" if min(observation.shape[1:]) >= 36 else "small-cnn"
+    return "mlp"
+
+
+def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Policy:
+    """The policy the config names, for these spaces: ``model.policy``'s factory, or the built-in family."""
+    if model.policy:
+        policy = load_factory(model.policy)(observation, action, model)
+        if not isinstance(policy, Policy):
+            raise TypeError(f"model.policy {model.policy!r} returned a {type(policy).__name__}, not a "
+                            "lockstep.Policy (subclass lockstep.Policy: docs/custom-policy.md)")
+        return policy
+    kind = torso_kind(observation, model.kind)
+    if kind in ("nature-cnn", "small-cnn"):
+        if len(observation.shape) != 3:
+            raise ValueError(f"model.kind {kind} needs image observations [C, H, W], got shape {observation.shape}")
+        make = nature_cnn if kind == "nature-cnn" else small_cnn
+        torso, width = make(observation.shape[0], tuple(observation.shape[1:]))
+    elif kind == "mlp":
+        if model.lstm_size == 0:
+            return ActorCritic(observation, action, model.hidden, model.activation, model.init_log_std)
+        torso, width = mlp_torso(int(np.prod(observation.shape)), model.hidden, model.activation)
+    else:
+        raise ValueError(f"unknown model.kind {kind!r}; kinds: {', '.join(MODEL_KINDS)}")
+    if model.lstm_size > 0:
+        return RecurrentPolicy(torso, width, model.lstm_size, action, model.init_log_std, model.critic_lstm)
+    return TorsoActorCritic(torso, width, action, model.init_log_std)
+
+
+def load_factory(reference: str) -> Callable[..., Policy]:
+    """``package.module:name`` or ``path/to/file.py:name`` (a dotted name for a nested attribute)."""
+    where, _, name = reference.rpartition(":")
+    if not where or not name:
+        raise ValueError(f"model.policy {reference!r} must look like package.module:factory or file.py:factory")
+    try:
+        if where.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(f"lockstep_policy_{Path(where).stem}", where)
+            if spec is None or not Path(where).is_file():
+                raise ImportError(f"no file {where}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        target = module
+        for part in name.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"model.policy {reference!r} cannot be loaded: {err}") from err
+    return target

@@ -43,7 +43,7 @@ def test_transport_passes_through_to_the_distributed_runs():
     assert learn.build_config(learn.LearnOptions(transport="grpc"))[0].actors.transport == "grpc"
     default = learn.build_config(learn.LearnOptions())[0].actors.transport
     assert default == config_lib.load(config_lib.DEFAULT_PRESET).actors.transport
-    with pytest.raises(config_lib.ConfigError, match=r"learner\.transport"):
+    with pytest.raises(config_lib.ConfigError, match=r"actors\.transport"):
         learn.build_config(learn.LearnOptions(transport="pigeon"))
 
 

@@ -59,7 +59,7 @@ def run(config: config_lib.Config, collect_only: bool = False) -> dict[str, Any]
     config.validate()
     torch.set_num_threads(config.learner.torch_threads)
     device = resolve_device(config.learner.device)
-    n = config.env.actors * config.env.envs_per_actor
+    n = config.actors.count * config.actors.envs_per_actor
     T = config.ppo.steps_per_env
     seed = config.run.seed
     vec = envs_lib.make_vector_env(config.env.id, n)
@@ -71,8 +71,8 @@ def run(config: config_lib.Config, collect_only: bool = False) -> dict[str, Any]
         trainer = (CollectOnlyTrainer if collect_only else Trainer)(config, spec, device, max_lag=0)
         episodes = EpisodeTracker(config.return_thresholds())  # the learner's thresholds
         loop = EnvLoop(vec, act_spec)  # the actor's own env loop
-        actors = range(config.env.actors)  # the learner's layout: actor a's k slots after actor a-1's
-        k = config.env.envs_per_actor
+        actors = range(config.actors.count)  # the learner's layout: actor a's k slots after actor a-1's
+        k = config.actors.envs_per_actor
         loop.reset([s for a in actors for s in envs_lib.env_seeds(seed, a, k)])
         keys = np.concatenate([noise.slot_keys(seed, a, k) for a in actors])
         snapshot = trainer.snapshot()

@@ -196,8 +196,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit-s", type=float,
                    help="cap on each run's training time; without --suite, where the config sets no "
                         "run.time_limit_s (default 120); with --suite, for every run (default: none)")
-    p.add_argument("--transport", choices=config_lib.TRANSPORTS,
-                   help="learner.transport of the distributed runs (default: the config's)")
+    p.add_argument("--transport", choices=config_lib.setting_of("actors.transport").choices,
+                   help="actors.transport of the distributed runs (default: the config's)")
     p.set_defaults(func=cmd_bench_learn)
 
     p = bench_sub.add_parser("soak", help="train while killing actors and once the learner; check the books")

@@ -5,7 +5,7 @@ distributed, seed 1 in-process, seed 2 distributed, ...), so that whatever else 
 is doing hits both alike:
 
     distributed  ``lockstep train --config CONFIG --seed S``: the learner and its actor
-                 processes, over the transport the config chooses (``learner.transport``,
+                 processes, over the transport the config chooses (``actors.transport``,
                  which ``--transport`` overrides)
     in-process   ``python -m lockstep_bench.baseline CONFIG OUT --set run.seed=S``: the same
                  PPO, env loop and action noise in one process (``dev/lockstep_bench/baseline.py``)
@@ -53,7 +53,7 @@ class LearnOptions:
     source: str = config_lib.DEFAULT_PRESET  # preset name or YAML path
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     overrides: list[str] = field(default_factory=list)  # KEY=VALUE, as ``--set``
-    transport: str | None = None  # learner.transport of the distributed runs; None: the config's
+    transport: str | None = None  # actors.transport of the distributed runs; None: the config's
     time_limit_s: float | None = None  # each run's cap when the config has no run.time_limit_s
 
 
@@ -75,7 +75,7 @@ def build_config(options: LearnOptions) -> tuple[config_lib.Config, float, str]:
     config = config_lib.load(options.source)
     config_lib.apply_sets(config, options.overrides)
     if options.transport is not None:
-        config_lib.set_value(config, "learner.transport", options.transport)
+        config_lib.set_value(config, "actors.transport", options.transport)
     threshold, source = threshold_of(config)
     config.run.stop_at_return = threshold
     thresholds = config.return_thresholds()
@@ -206,7 +206,7 @@ def run(options: LearnOptions, out: Path, command: str) -> dict[str, Any]:
         "env": config.env.id,
         "threshold": threshold,
         "threshold_source": threshold_source,
-        "transport": config.learner.transport,
+        "transport": config.actors.transport,
         "seeds": list(options.seeds),
         "summary": summarize(runs),
         "runs": runs,

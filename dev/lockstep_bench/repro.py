@@ -169,7 +169,7 @@ def markdown(report: dict[str, Any], config: config_lib.Config) -> str:
     diff = report["first_difference"]
     lines = [
         "# lockstep bench repro\n",
-        f"{config.env.id}, {config.env.actors} actors x {config.env.envs_per_actor} envs, "
+        f"{config.env.id}, {config.actors.count} actors x {config.actors.envs_per_actor} envs, "
         f"T = {config.ppo.steps_per_env}, {report['iterations']} iterations, seed {report['seed']}, strict; "
         f"config {report['config']}; the second run beside {report['burners']} CPU-burning process(es) "
         f"on {report['cpu_cores']} CPU cores.\n",

@@ -26,7 +26,7 @@ KEYS = ["transport", "round_trips_per_s", "learner_cpu_us_per_message", "message
 
 def build_config(messages: int, time_limit_s: float) -> config_lib.Config:
     config = config_lib.Config()
-    config.env.id, config.env.actors, config.env.envs_per_actor = "CartPole-v1", 1, 1
+    config.env.id, config.actors.count, config.actors.envs_per_actor = "CartPole-v1", 1, 1
     config.ppo.steps_per_env = 512
     config.ppo.total_steps = max(512, messages // 512 * 512)
     config.run.progress = False

@@ -75,7 +75,7 @@ class ScaleOptions:
 def build_config(actors: int, envs: int, opts: ScaleOptions) -> config_lib.Config:
     """The learner's config: strict, T small, a tiny model and one gradient step per phase."""
     config = config_lib.Config()
-    config.env.id, config.env.actors, config.env.envs_per_actor = ENV_ID, actors, envs
+    config.env.id, config.actors.count, config.actors.envs_per_actor = ENV_ID, actors, envs
     config.learner.min_actors = actors
     config.learner.device = "cpu"
     config.ppo.steps_per_env = opts.steps_per_env

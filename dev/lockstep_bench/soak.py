@@ -67,7 +67,7 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
     config = Config()
-    config.env.actors, config.env.envs_per_actor = opts.actors, opts.envs_per_actor
+    config.actors.count, config.actors.envs_per_actor = opts.actors, opts.envs_per_actor
     config.ppo.steps_per_env = 64
     config.ppo.total_steps = 10**9
     config.ppo.lr = 1e-3

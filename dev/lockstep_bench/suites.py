@@ -108,7 +108,7 @@ class SuiteOptions:
     seeds: list[int] = field(default_factory=lambda: list(range(1, DEFAULT_SEEDS + 1)))
     budget_scale: float = 1.0  # multiplies each entry's ppo.total_steps
     overrides: list[str] = field(default_factory=list)  # KEY=VALUE for every run, as ``--set``
-    transport: str | None = None  # learner.transport of every run; None: each config's
+    transport: str | None = None  # actors.transport of every run; None: each config's
     time_limit_s: float | None = None  # run.time_limit_s of every run; None: each config's
 
 
@@ -152,7 +152,7 @@ def build_config(entry: Entry, options: SuiteOptions) -> config_lib.Config:
     config = config_lib.load(entry.source)
     config_lib.apply_sets(config, options.overrides)
     if options.transport is not None:
-        config_lib.set_value(config, "learner.transport", options.transport)
+        config_lib.set_value(config, "actors.transport", options.transport)
     if options.budget_scale <= 0:
         raise config_lib.ConfigError(f"--budget-scale must be positive, got {options.budget_scale:g}")
     config.ppo.total_steps = max(config.batch_size, round(config.ppo.total_steps * options.budget_scale))

@@ -52,8 +52,8 @@ class Workload:
     def config(self, strategy: str, run_dir: Path) -> config_lib.Config:
         config = config_lib.Config()
         config.env.id = self.env
-        config.env.actors = self.actors
-        config.env.envs_per_actor = self.envs_per_actor
+        config.actors.count = self.actors
+        config.actors.envs_per_actor = self.envs_per_actor
         config.ppo.steps_per_env = self.steps_per_env
         config.ppo.total_steps = self.iterations * self.actors * self.envs_per_actor * self.steps_per_env
         config.ppo.lr = 1e-3
@@ -65,7 +65,7 @@ class Workload:
         config.sync.strategy = strategy
         config.sync.stall_s = 5.0
         if self.adversarial:
-            config.sync.inference_threads = min(self.inference_threads, max(1, self.actors - 1))
+            config.debug.inference_threads = min(self.inference_threads, max(1, self.actors - 1))
         return config
 
 

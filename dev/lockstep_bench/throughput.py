@@ -78,28 +78,28 @@ class BenchConfig:
 CONFIGS: dict[str, BenchConfig] = {c.name: c for c in [
     BenchConfig(
         "cartpole-cleanrl", "CartPole-v1, CleanRL: 2 actors x 2 envs, T=128, 4 epochs x 4 minibatches, lr 2.5e-4",
-        _CARTPOLE, {"env.actors": 2, "env.envs_per_actor": 2, "ppo.steps_per_env": 128, "ppo.lr": 2.5e-4,
+        _CARTPOLE, {"actors.count": 2, "actors.envs_per_actor": 2, "ppo.steps_per_env": 128, "ppo.lr": 2.5e-4,
                     "ppo.epochs": 4, "ppo.minibatches": 4},
         MODES, steps_full=81_920, steps_quick=10_240),
     BenchConfig(
         "cartpole-cleanrl-1x4", "cartpole-cleanrl with its 4 envs in one actor: the layout for in-process actors, "
                                 "which share the learner's thread (a request per actor and step is the cost)",
-        _CARTPOLE, {"env.actors": 1, "env.envs_per_actor": 4, "ppo.steps_per_env": 128, "ppo.lr": 2.5e-4,
+        _CARTPOLE, {"actors.count": 1, "actors.envs_per_actor": 4, "ppo.steps_per_env": 128, "ppo.lr": 2.5e-4,
                     "ppo.epochs": 4, "ppo.minibatches": 4},
         ("baseline", "strict"), steps_full=81_920, steps_quick=10_240),
     BenchConfig(
         "cartpole-scaled", "CartPole-v1: 4 actors x 64 envs, T=32, 4 epochs x 4 minibatches, lr 1e-3",
-        _CARTPOLE, {"env.actors": 4, "env.envs_per_actor": 64, "ppo.steps_per_env": 32, "ppo.lr": 1e-3,
+        _CARTPOLE, {"actors.count": 4, "actors.envs_per_actor": 64, "ppo.steps_per_env": 32, "ppo.lr": 1e-3,
                     "ppo.epochs": 4, "ppo.minibatches": 4},
         MODES, steps_full=1_081_344, steps_quick=147_456),
     BenchConfig(
         "pendulum-scaled", "Pendulum-v1 (configs/pendulum.yaml): 4 actors x 16 envs, T=64, 4 epochs x 4 minibatches",
-        _PENDULUM, {"env.actors": 4, "env.envs_per_actor": 16, "ppo.steps_per_env": 64,
+        _PENDULUM, {"actors.count": 4, "actors.envs_per_actor": 16, "ppo.steps_per_env": 64,
                     "ppo.epochs": 4, "ppo.minibatches": 4},
         MODES, steps_full=499_712, steps_quick=65_536),
     BenchConfig(
         "cartpole-collect", "CartPole-v1: 4 actors x 128 envs, T=32, collection only (target 100k steps/s)",
-        _CARTPOLE, {"env.actors": 4, "env.envs_per_actor": 128, "ppo.steps_per_env": 32},
+        _CARTPOLE, {"actors.count": 4, "actors.envs_per_actor": 128, "ppo.steps_per_env": 32},
         ("baseline", "collect"), steps_full=2_392_064, steps_quick=327_680, baseline_collect_only=True),
     BenchConfig(
         "atari-breakout", "Breakout (configs/breakout.yaml: 84x84x4 uint8 frames, Nature CNN): 2 actors x 4 envs, "

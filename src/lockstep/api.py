@@ -53,7 +53,7 @@ def policy_reference(factory: Callable[..., Any]) -> str:
 
 def train(config: Config | str | Path, policy: Callable[..., Any] | None = None,
           run_dir: str | Path | None = None) -> dict[str, Any]:
-    """Train as ``lockstep train`` does (a learner here, its actors as ``learner.transport`` says) and
+    """Train as ``lockstep train`` does (a learner here, its actors as ``actors.transport`` says) and
     return the run's summary (summary.json). ``policy``: your network's factory (module docstring)."""
     from lockstep.launch.local import train as launch_train  # torch: loaded only when training
 

@@ -21,54 +21,43 @@ from lockstep.observe.tracking import MissingExtra
 from lockstep.transport.grpc import security
 
 if TYPE_CHECKING:  # the parser loads no torch
+    from lockstep.actor import ActorOptions
     from lockstep.learner.parts import Parts
 
-# flag -> config field; each flag overrides the YAML file given by --config
-TRAINING_FLAGS = [
-    ("--env", "env.id", "env id: a Gymnasium id (CartPole-v1), atari:GAME, minatar:GAME, masked:ENV or "
-                        "package.module:callable"),
-    ("--actors", "env.actors", "local actor processes (train) / expected actors (learner)"),
-    ("--envs-per-actor", "env.envs_per_actor", "environments per actor"),
-    ("--steps-per-env", "ppo.steps_per_env", "T: steps each env slot takes per policy version"),
-    ("--total-steps", "ppo.total_steps", "env steps to train for"),
-    ("--lr", "ppo.lr", "Adam learning rate"),
-    ("--seed", "run.seed", "run seed"),
-    ("--name", "run.name", "run name (default <env>-s<seed>-<time>)"),
-    ("--run-dir", "run.run_dir", "run directory (default runs/<name>)"),
-    ("--device", "learner.device", "auto, cpu or cuda"),
-    ("--listen", "learner.listen", "host:port the learner listens on"),
-    ("--transport", "learner.transport",
-     "train: how the local actors reach the learner: shm (actor processes, shared memory; default), "
-     "grpc (actor processes, loopback) or inprocess (env loops inside the learner process, for cheap envs)"),
-    ("--min-actors", "learner.min_actors", "actors to wait for before the first phase (0: --actors)"),
-    ("--stop-at-return", "run.stop_at_return", "stop once the running mean return reaches this"),
-    ("--sync", "sync.strategy",
-     "synchronization: strict (default), pipelined, spin-flags, spin-redo, reject-retry, seqlock"),
-    ("--max-lag", "sync.max_lag", "pipelined: most versions a sample may lag the version that trains on it"),
-    ("--phase-cutoff", "sync.phase_cutoff",
-     "DD-PPO straggler cut-off: close a phase once this fraction of slots is full"),
-    ("--min-unroll", "sync.min_unroll", "with --phase-cutoff: fraction of T every other slot must have"),
-    ("--checkpoint-every", "run.checkpoint_every", "iterations between periodic checkpoints"),
-    ("--checkpoint-minutes", "run.checkpoint_minutes", "minutes between periodic checkpoints"),
-]
 
-# train only: who starts the actors (docs/cluster.md)
-LAUNCHER_FLAGS = [
-    ("--ray-address", "env.ray_address",
-     "--launcher ray: join the Ray cluster at HOST:6379 (or auto) instead of starting Ray on this host; "
-     "--listen must then be an address its nodes reach"),
-    ("--ray-num-cpus", "env.ray_num_cpus",
-     "--launcher ray, Ray started here: CPUs it offers (default: this host's cores, or enough for --actors)"),
-    ("--ray-cpus-per-actor", "env.ray_cpus_per_actor", "--launcher ray: CPUs Ray reserves for each actor"),
-]
+def _metavar(s: config_lib.Setting) -> str:
+    """How a value of ``s`` is written on the command line: ``{a,b}``, ``INT``, ``FLOAT|NONE``, ``INT,...``."""
+    if s.choices:
+        return "{" + ",".join(s.choices) + "}"
+    if s.hint is bool:
+        return "{true,false}"
+    name = s.type_name()
+    if name.startswith("list of "):
+        return name.removeprefix("list of ").upper() + ",..."
+    return name.replace(" or ", "|").upper()
 
 
-def _add_launcher_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--launcher", dest="env.launcher", choices=config_lib.LAUNCHERS, default=None,
-                   help="who starts the actors: local processes (default), or Ray actors that reach the learner "
-                        "over gRPC (pip install -e '.[ray]') [env.launcher]")
-    for flag, dotted, help_text in LAUNCHER_FLAGS:
-        p.add_argument(flag, dest=dotted, default=None, help=f"{help_text} [{dotted}]")
+def add_setting(p: argparse.ArgumentParser | argparse._ArgumentGroup, s: config_lib.Setting,
+                *aliases: str) -> None:
+    """The flags of one config field: ``--section.key`` and its short ``aliases``, with the field's help.
+    The value stays text until ``config.set_value`` converts and checks it, as it does for ``--set``."""
+    long = f"--{s.dotted}"
+    if s.hint is not bool:
+        p.add_argument(long, *aliases, dest=s.dotted, metavar=_metavar(s), help=s.help)
+        return
+    p.add_argument(long, dest=s.dotted, nargs="?", const="true", metavar=_metavar(s), help=s.help)
+    flipped = "false" if s.default else "true"  # --audit turns auditing on, --no-progress the display off
+    for alias in aliases:
+        p.add_argument(alias, dest=s.dotted, action="store_const", const=flipped, help=f"same as {long} {flipped}")
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    """A flag for every config field, grouped by section: ``--section.key``, and the short flag it declares."""
+    for section, cls in config_lib.sections().items():
+        group = p.add_argument_group(section, (cls.__doc__ or "").strip())
+        for s in config_lib.SETTINGS:
+            if s.section == section:
+                add_setting(group, s, *([s.flag] if s.flag else []))
 
 
 def _add_training_flags(p: argparse.ArgumentParser) -> None:
@@ -79,21 +68,11 @@ def _add_training_flags(p: argparse.ArgumentParser) -> None:
                         "(CleanRL's settings)")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue RUN_DIR from its newest checkpoint (its config.yaml; flags override it)")
-    for flag, dotted, help_text in TRAINING_FLAGS:
-        p.add_argument(flag, dest=dotted, default=None, help=f"{help_text} [{dotted}]")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config field, e.g. --set ppo.ent_coef=0.0 (repeatable)")
-    p.add_argument("--no-progress", action="store_true", help="no live progress display")
-    p.add_argument("--audit", action="store_true", help="write each training batch and policy to RUN_DIR/audit")
-    p.add_argument("--wandb", action="store_true",
-                   help="also log to Weights & Biases (pip install -e '.[wandb]'; offline into RUN_DIR/wandb "
-                        "without credentials or with WANDB_MODE=offline)")
     p.add_argument("--token", help=f"shared secret actors must present (default ${security.TOKEN_ENV}); "
                                    "required to listen off loopback")
-    p.add_argument("--tls-cert", dest="learner.tls_cert", help="PEM certificate chain: serve TLS [learner.tls_cert]")
-    p.add_argument("--tls-key", dest="learner.tls_key", help="PEM private key for --tls-cert [learner.tls_key]")
-    p.add_argument("--sanitize", action="store_true",
-                   help="replace NaN/inf observations and rewards instead of refusing them [learner.sanitize]")
+    _add_config_flags(p)
 
 
 class UsageError(Exception):
@@ -137,20 +116,11 @@ def resolve_config(args: argparse.Namespace) -> config_lib.Config:
         config = config_lib.default_config(getattr(args, "env.id"))
     else:  # a lone learner: its actors start elsewhere, with env counts that no preset describes
         config = config_lib.Config()
-    launcher = ["env.launcher"] + [d for _, d, _ in LAUNCHER_FLAGS]  # train's flags only
-    for dotted in [d for _, d, _ in TRAINING_FLAGS] + ["learner.tls_cert", "learner.tls_key"] + launcher:
-        value = getattr(args, dotted, None)
+    for s in config_lib.SETTINGS:  # the flags, then --set, override the file
+        value = getattr(args, s.dotted, None)
         if value is not None:
-            config_lib.set_value(config, dotted, value)
+            config_lib.set_value(config, s.dotted, value)
     config_lib.apply_sets(config, args.set)
-    if args.no_progress:
-        config.run.progress = False
-    if args.audit:
-        config.run.audit = True
-    if args.wandb:
-        config.run.wandb = True
-    if args.sanitize:
-        config.learner.sanitize = True
     config_lib.name_run(config)
     config.validate()
     return config
@@ -194,18 +164,34 @@ def cmd_learner(args: argparse.Namespace) -> int:
     return 0
 
 
+def actor_options(args: argparse.Namespace) -> ActorOptions:
+    """``lockstep actor``'s options: its config fields (``ACTOR_SETTINGS``) read, converted and checked as the
+    config reads them, so that the actor and ``lockstep train`` share one default and one check."""
+    from lockstep.actor import ActorOptions  # imports numpy and gymnasium: only when an actor starts
+
+    config = config_lib.Config()
+    for dotted in ACTOR_SETTINGS:
+        if getattr(args, dotted) is not None:
+            config_lib.set_value(config, dotted, getattr(args, dotted))
+    return ActorOptions(learner=args.learner, env=config.env.id, envs_per_actor=config.actors.envs_per_actor,
+                        actor_id=args.actor_id, connect_timeout=args.connect_timeout, retry_for_s=args.retry_for,
+                        token=security.token_from(args.token), tls_ca=args.tls_ca,
+                        tls_server_name=args.tls_server_name)
+
+
 def cmd_actor(args: argparse.Namespace) -> int:
     # gRPC's core logs each failed TLS handshake at INFO on stderr, and reads this once, when grpc is first
     # imported (nothing before this line imports it); the actor says what went wrong in one line of its own.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    check_env(args.env)
-    from lockstep.actor import ActorOptions, run
+    opts = actor_options(args)
+    check_env(opts.env)
+    from lockstep.actor import run
 
-    opts = ActorOptions(learner=args.learner, env=args.env, num_envs=args.num_envs, actor_id=args.actor_id,
-                        connect_timeout=args.connect_timeout, retry_for_s=args.retry_for,
-                        token=security.token_from(args.token), tls_ca=args.tls_ca,
-                        tls_server_name=args.tls_server_name)
     return run(opts)
+
+
+# the config fields `lockstep actor` takes, with its flags for them (--num-envs: the name it had before)
+ACTOR_SETTINGS = {"env.id": ("--env",), "actors.envs_per_actor": ("--envs-per-actor", "--num-envs")}
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -255,11 +241,11 @@ HELP = {
                 "token (--token or $LOCKSTEP_TOKEN); --tls-cert and --tls-key add TLS.",
                 "lockstep learner --env CartPole-v1 --listen 0.0.0.0:50051 --min-actors 4 --token SECRET"),
     "actor": ("run one actor: step environments, let the learner choose the actions",
-              "Steps --num-envs copies of --env and sends every observation to the learner at --learner.\n"
+              "Steps --envs-per-actor copies of --env and sends every observation to the learner at --learner.\n"
               "Exits 0 when training ends, 1 when no learner answers for --retry-for seconds, 2 when the\n"
               "learner refuses it or its TLS settings cannot work (the log line names the flag to fix).\n"
               "Imports no torch: requirements-actor.txt is all it needs.",
-              "lockstep actor --learner learner-host:50051 --token SECRET --num-envs 32 --actor-id 1\n"
+              "lockstep actor --learner learner-host:50051 --token SECRET --envs-per-actor 32 --actor-id 1\n"
               "lockstep actor --learner learner-host:50051 --tls-ca ca.pem --env atari:BreakoutNoFrameskip-v4"),
     "audit": ("check that a run trained with --audit was on-policy",
               "Recomputes every stored behaviour log-prob from the stored policy versions and prints one\n"
@@ -304,7 +290,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "train")
     _add_training_flags(p)
-    _add_launcher_flags(p)
     p.set_defaults(func=cmd_train)
 
     p = _command(sub, "learner")
@@ -315,10 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learner", required=True,
                    help="learner address: host:port (gRPC), or unix:/path (an actor on the learner's host: "
                         "shared memory; the learner logs this address)")
-    p.add_argument("--env", default="CartPole-v1",
-                   help="env id, the learner's: a Gymnasium id, atari:GAME, minatar:GAME, masked:ENV or "
-                        "package.module:callable (default CartPole-v1)")
-    p.add_argument("--num-envs", type=int, default=4, help="environments in this actor's vector env")
+    for dotted, aliases in ACTOR_SETTINGS.items():
+        add_setting(p, config_lib.setting_of(dotted), *aliases)
     p.add_argument("--actor-id", type=int, default=0, help="distinct id per actor (seeds its envs and action noise)")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for each connection")
     p.add_argument("--retry-for", type=float, default=300.0,

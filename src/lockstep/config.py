@@ -1,4 +1,10 @@
-"""The configuration: one typed dataclass tree, loaded from YAML, overridden from the command line.
+"""The configuration: one typed dataclass tree, the single source of every setting.
+
+Each field declares its name, type, default, one-line help, allowed values (a ``Literal`` type), the range it
+must lie in and, where users know one, a short command-line flag. The loader (``from_dict``, ``set_value``)
+checks values against those declarations; the ``lockstep`` command generates its flags from them
+(``lockstep.cli``), and ``python -m lockstep.config --markdown FILE`` writes the reference
+(docs/configuration.md) from them.
 
 Defaults are CleanRL's published CartPole settings (``ppo.py``) so results are comparable.
 The resolved tree is written to ``config.yaml`` in every run directory.
@@ -10,138 +16,212 @@ path. ``DEFAULT_PRESET`` is what ``lockstep train`` uses when no ``--config`` is
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.resources
+import logging
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from lockstep.sync import NAMES as SYNC_NAMES
 
-TRANSPORTS = ("shm", "grpc", "inprocess")  # learner.transport
-LAUNCHERS = ("local", "ray")  # env.launcher
-MODEL_KINDS = ("auto", "mlp", "nature-cnn", "small-cnn")  # model.kind
+log = logging.getLogger(__name__)
+
+Transport = Literal["shm", "grpc", "inprocess"]
+Launcher = Literal["local", "ray"]
+ModelKind = Literal["auto", "mlp", "nature-cnn", "small-cnn"]
+Activation = Literal["tanh", "relu"]
+SyncStrategy = Literal[SYNC_NAMES]  # the registry in lockstep.sync names the strategies
+
+
+def setting(default: Any, help: str, *, flag: str | None = None, ge: float | None = None,
+            gt: float | None = None, le: float | None = None) -> Any:
+    """A config field: its default, its help (written once: ``--help`` and docs/configuration.md show it), the
+    short flag that ``lockstep train`` also accepts for it (a boolean's short flag sets the opposite of its
+    default: ``--audit``, ``--no-progress``), and the range its value must lie in (``ge``: at least, ``gt``:
+    more than, ``le``: at most)."""
+    metadata = {"help": help, "flag": flag, "ge": ge, "gt": gt, "le": le}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class EnvConfig:
-    id: str = "CartPole-v1"  # Gymnasium id or package.module:callable
-    actors: int = 2  # local actor processes started by `lockstep train`
-    envs_per_actor: int = 2  # environments in each actor's vector env
-    actor_restarts: int = 10  # a dead actor of `lockstep train` is restarted at most this often (local or Ray)
-    # Who starts `lockstep train`'s actors: "local" (processes on this host) or "ray" (Ray actors, placed and
-    # restarted by Ray, always over gRPC; docs/cluster.md). The ray_* fields apply to "ray" only.
-    launcher: str = "local"
-    ray_address: str = ""  # join this Ray cluster (HOST:6379, or auto); empty: start a Ray instance on this host
-    ray_num_cpus: int = 0  # CPUs of the Ray instance started here (0: this host's cores, more if the actors need)
-    ray_cpus_per_actor: float = 1.0  # CPUs Ray reserves for each actor when it places them
-    normalize_obs: bool = False  # running mean/std of observations, part of the policy snapshot
-    normalize_reward: bool = False  # scale rewards by the std of the discounted return
-    clip_obs: float = 10.0  # after normalization
-    clip_reward: float = 10.0  # after scaling
+    """The environment every actor steps, and what the learner does to its observations and rewards."""
+
+    id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), atari:GAME, minatar:GAME, masked:ENV "
+                                     "or package.module:callable", flag="--env")
+    normalize_obs: bool = setting(False, "keep a running mean/std of observations, part of the policy snapshot")
+    normalize_reward: bool = setting(False, "scale rewards by the std of the discounted return")
+    clip_obs: float = setting(10.0, "clip observations to this magnitude after normalization")
+    clip_reward: float = setting(10.0, "clip rewards to this magnitude after scaling")
+
+
+@dataclass
+class ActorsConfig:
+    """The actors: how many, how many envs each steps, and who starts them and how they reach the learner."""
+
+    count: int = setting(2, "actors `lockstep train` starts (for `lockstep learner`: the actors it expects)",
+                         flag="--actors", ge=1)
+    envs_per_actor: int = setting(2, "environments in each actor's vector env", flag="--envs-per-actor", ge=1)
+    transport: Transport = setting(
+        "shm", "how `lockstep train`'s local actors reach the learner: shm (actor processes; shared memory and a "
+               "unix socket), grpc (actor processes over loopback) or inprocess (env loops as tasks in the learner "
+               "process, for cheap envs). The learner serves gRPC and the unix socket either way; remote actors "
+               "use gRPC", flag="--transport")
+    launcher: Launcher = setting(
+        "local", "who starts `lockstep train`'s actors: local (processes on this host) or ray (Ray actors, placed "
+                 "and restarted by Ray, always over gRPC; pip install -e '.[ray]', docs/cluster.md)",
+        flag="--launcher")
+    restarts: int = setting(10, "a dead actor of `lockstep train` is restarted at most this often (local or Ray)",
+                            ge=0)
+    ray_address: str = setting(
+        "", "launcher ray: join the Ray cluster at HOST:6379 (or auto; learner.listen must then be an address its "
+            "nodes reach); empty: start a Ray instance on this host", flag="--ray-address")
+    ray_num_cpus: int = setting(
+        0, "launcher ray, Ray started here: the CPUs it offers (0: this host's cores, or enough for actors.count)",
+        flag="--ray-num-cpus", ge=0)
+    ray_cpus_per_actor: float = setting(1.0, "launcher ray: the CPUs Ray reserves for each actor when it places them",
+                                        flag="--ray-cpus-per-actor", ge=0)
 
 
 @dataclass
 class PPOConfig:
-    steps_per_env: int = 128  # T: actions each env slot takes from one policy version
-    total_steps: int = 500_000  # env steps to train for
-    lr: float = 2.5e-4
-    anneal_lr: bool = True  # linear decay to 0 over the run
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    epochs: int = 4
-    minibatches: int = 4
-    clip_coef: float = 0.2
-    clip_vloss: bool = True
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    norm_adv: bool = True  # per-minibatch advantage normalization
-    adam_eps: float = 1e-5
-    target_kl: float | None = None  # stop the epochs early when the approximate KL exceeds it
+    """PPO's hyperparameters (CleanRL's names)."""
+
+    steps_per_env: int = setting(128, "T: the actions each env slot takes from one policy version",
+                                 flag="--steps-per-env", ge=1)
+    total_steps: int = setting(500_000, "env steps to train for", flag="--total-steps", ge=1)
+    lr: float = setting(2.5e-4, "Adam's learning rate", flag="--lr")
+    anneal_lr: bool = setting(True, "decay the learning rate linearly to 0 over the run")
+    gamma: float = setting(0.99, "discount factor")
+    gae_lambda: float = setting(0.95, "GAE's lambda")
+    epochs: int = setting(4, "passes over each training batch", ge=1)
+    minibatches: int = setting(4, "minibatches each pass splits the batch into", ge=1)
+    clip_coef: float = setting(0.2, "the clipped objective's epsilon")
+    clip_vloss: bool = setting(True, "clip the value loss as the policy loss is clipped")
+    ent_coef: float = setting(0.01, "entropy bonus coefficient")
+    vf_coef: float = setting(0.5, "value loss coefficient")
+    max_grad_norm: float = setting(0.5, "clip the gradient's global norm to this")
+    norm_adv: bool = setting(True, "normalize advantages per minibatch")
+    adam_eps: float = setting(1e-5, "Adam's epsilon")
+    target_kl: float | None = setting(None, "stop the epochs early when the approximate KL exceeds this "
+                                            "(none: never)")
 
 
 @dataclass
 class ModelConfig:
-    # auto: the MLP for flat observations, a CNN for images [C, H, W] (nature-cnn from 36 pixels up, else small-cnn)
-    kind: str = "auto"
-    hidden: list[int] = field(default_factory=lambda: [64, 64])  # the MLP's layers
-    activation: str = "tanh"  # the MLP's: tanh or relu
-    init_log_std: float = 0.0  # Gaussian head only
-    lstm_size: int = 0  # > 0: an LSTM of this size after the torso; the learner keeps each env slot's state
-    critic_lstm: bool = False  # with lstm_size: the critic gets its own LSTM beside the actor's (else they share one)
-    # Your own network: "package.module:factory" or "path/to/file.py:factory", a callable
-    # (observation SpaceSpec, action SpaceSpec, this ModelConfig) -> lockstep.Policy (docs/custom-policy.md)
-    policy: str = ""
+    """The policy and value network."""
 
-
-@dataclass
-class SyncConfig:
-    strategy: str = "strict"  # strict, pipelined, or a reference strategy (see docs/synchronization.md)
-    max_lag: int = 1  # pipelined: most versions a sample may lag the version that trains on it
-    inference_threads: int = 2  # reference strategies: threads that run their per-request forward passes
-    jitter_ms: float = 0.0  # adversarial testing: random delays up to this in inference, training and guards
-    stall_s: float = 10.0  # a phase collecting longer than this counts as a stall (and is logged)
-    phase_cutoff: float | None = None  # DD-PPO: close a phase once this fraction of env slots is full ...
-    min_unroll: float = 0.25  # ... and every other slot has at least this fraction of T steps
+    kind: ModelKind = setting("auto", "the network: auto picks the MLP for flat observations and a CNN for images "
+                                      "[C, H, W] (nature-cnn from 36 pixels up, else small-cnn)")
+    hidden: list[int] = setting([64, 64], "the MLP's hidden layer sizes")
+    activation: Activation = setting("tanh", "the MLP's activation")
+    init_log_std: float = setting(0.0, "the Gaussian head's initial log standard deviation (Box actions only)")
+    lstm_size: int = setting(0, "> 0: an LSTM of this size after the torso; the learner keeps each env slot's "
+                                "state (needs sync.strategy strict or pipelined)", ge=0)
+    critic_lstm: bool = setting(False, "with model.lstm_size: the critic gets its own LSTM beside the actor's "
+                                       "(else they share one)")
+    policy: str = setting("", "your own network: package.module:factory or path/to/file.py:factory, a callable "
+                              "(observation SpaceSpec, action SpaceSpec, this ModelConfig) -> lockstep.Policy "
+                              "(docs/custom-policy.md)")
 
 
 @dataclass
 class LearnerConfig:
-    listen: str = "127.0.0.1:0"  # host:port; port 0 picks a free one
-    min_actors: int = 0  # actors to wait for before the first phase; 0 means env.actors
-    max_batch: int = 4096  # most env observations in one forward pass
-    max_wait_ms: float = 2.0  # longest a request waits for others to share its forward pass
-    device: str = "auto"  # auto, cpu or cuda
-    torch_threads: int = 1  # small networks run fastest on one thread
-    max_message_mb: int = 64  # largest message accepted from an actor; larger ones are refused
-    sanitize: bool = False  # replace NaN/inf in observations and rewards instead of refusing the step
-    tls_cert: str = ""  # PEM certificate chain; with tls_key, the learner serves TLS
-    tls_key: str = ""  # PEM private key
-    # How `lockstep train`'s local actors reach the learner: "shm" (actor processes; shared memory and a unix
-    # socket), "grpc" (actor processes over loopback) or "inprocess" (env loops as tasks in the learner process,
-    # for cheap envs). The learner serves gRPC and the unix socket either way; remote actors use gRPC.
-    transport: str = "shm"
+    """The learner process: where it listens, how it batches inference, where it runs the network."""
+
+    listen: str = setting("127.0.0.1:0", "host:port the learner listens on; port 0 picks a free one",
+                          flag="--listen")
+    min_actors: int = setting(0, "actors to wait for before the first phase (0: actors.count)", flag="--min-actors",
+                              ge=0)
+    max_batch: int = setting(4096, "most env observations in one forward pass", ge=1)
+    max_wait_ms: float = setting(2.0, "longest a request waits for others to share its forward pass", ge=0)
+    device: str = setting("auto", "where the network runs: auto, cpu, cuda or cuda:N", flag="--device")
+    torch_threads: int = setting(1, "torch's threads (small networks run fastest on one)", ge=1)
+    max_message_mb: int = setting(64, "the largest message accepted from an actor; larger ones are refused", ge=1)
+    sanitize: bool = setting(False, "replace NaN/inf in observations and rewards instead of refusing the step",
+                             flag="--sanitize")
+    tls_cert: str = setting("", "PEM certificate chain; with learner.tls_key, the learner serves TLS",
+                            flag="--tls-cert")
+    tls_key: str = setting("", "PEM private key for learner.tls_cert", flag="--tls-key")
+
+
+@dataclass
+class SyncConfig:
+    """Synchronization between inference and training (docs/synchronization.md)."""
+
+    strategy: SyncStrategy = setting("strict", "strict (the admission gate, strictly on-policy), pipelined "
+                                               "(collection overlaps training) or a reference strategy",
+                                     flag="--sync")
+    max_lag: int = setting(1, "pipelined: the most versions a sample may lag the version that trains on it "
+                              "(0 is sync.strategy strict)", flag="--max-lag", ge=1)
+    stall_s: float = setting(10.0, "a phase collecting longer than this counts as a stall (and is logged)")
+    phase_cutoff: float | None = setting(None, "DD-PPO straggler cut-off: close a phase once this fraction of env "
+                                               "slots is full (none: wait for all)", flag="--phase-cutoff", gt=0,
+                                         le=1)
+    min_unroll: float = setting(0.25, "with sync.phase_cutoff: the fraction of T every other slot must have",
+                                flag="--min-unroll", ge=0, le=1)
 
 
 @dataclass
 class RunConfig:
-    name: str = ""  # defaults to <env>-<seed>-<time>
-    run_dir: str = ""  # defaults to runs/<name>
-    seed: int = 1
-    thresholds: list[float] = field(default_factory=list)  # returns whose first crossing summary.json records
-    checkpoint_every: int = 0  # iterations between periodic checkpoints (0: none by count)
-    checkpoint_minutes: float = 0.0  # minutes between periodic checkpoints (0: none by time)
-    keep_checkpoints: int = 3  # periodic checkpoints kept (the newest); final.pt is always kept
-    progress: bool = True  # live progress display
-    stop_at_return: float | None = None  # stop early once the running mean reaches it
-    time_limit_s: float | None = None  # stop after this many seconds of training, whatever the step count
-    collect_only: bool = False  # benchmarks: collect and check batches, never update the policy
-    audit: bool = False  # write every training batch and policy version to audit/ (see `lockstep audit`)
-    wandb: bool = False  # also log to Weights & Biases (pip install -e '.[wandb]'; WANDB_MODE=offline respected)
-    wandb_project: str = "lockstep"  # the W&B project (WANDB_PROJECT overrides it)
+    """This run: its name and directory, seed, stopping rules, checkpoints and what it records."""
+
+    name: str = setting("", "run name (empty: <env>-s<seed>-<date>-<time>)", flag="--name")
+    run_dir: str = setting("", "run directory (empty: runs/<name>)", flag="--run-dir")
+    seed: int = setting(1, "the run's seed", flag="--seed")
+    thresholds: list[float] = setting([], "returns whose first crossing summary.json records (empty: the env's "
+                                          "reward_threshold)")
+    checkpoint_every: int = setting(0, "iterations between periodic checkpoints (0: none by count)",
+                                    flag="--checkpoint-every", ge=0)
+    checkpoint_minutes: float = setting(0.0, "minutes between periodic checkpoints (0: none by time)",
+                                        flag="--checkpoint-minutes", ge=0)
+    keep_checkpoints: int = setting(3, "periodic checkpoints kept (the newest); final.pt is always kept")
+    progress: bool = setting(True, "show a live progress display", flag="--no-progress")
+    stop_at_return: float | None = setting(None, "stop early once the running mean return reaches this",
+                                           flag="--stop-at-return")
+    time_limit_s: float | None = setting(None, "stop after this many seconds of training, whatever the step count")
+    audit: bool = setting(False, "write every training batch and policy version to RUN_DIR/audit/ (see "
+                                 "`lockstep audit`)", flag="--audit")
+    wandb: bool = setting(False, "also log to Weights & Biases (pip install -e '.[wandb]'; offline into "
+                                 "RUN_DIR/wandb without credentials or with WANDB_MODE=offline)", flag="--wandb")
+    wandb_project: str = setting("lockstep", "the W&B project (WANDB_PROJECT overrides it)")
+
+
+@dataclass
+class DebugConfig:
+    """Knobs that only benchmarks and tests turn; training never needs them."""
+
+    inference_threads: int = setting(2, "reference strategies: threads that run their per-request forward passes",
+                                     ge=1)
 
 
 @dataclass
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
     @property
     def batch_size(self) -> int:
-        return self.env.actors * self.env.envs_per_actor * self.ppo.steps_per_env
+        return self.actors.count * self.actors.envs_per_actor * self.ppo.steps_per_env
 
     @property
     def min_actors(self) -> int:
-        return self.learner.min_actors or self.env.actors
+        return self.learner.min_actors or self.actors.count
 
     def return_thresholds(self) -> list[float]:
         """The returns whose first crossing a run records: ``run.thresholds``, or, when none are given,
@@ -155,42 +235,21 @@ class Config:
         return [] if solved is None else [solved]
 
     def validate(self) -> None:
-        checks = [
-            (self.env.actors >= 1, f"env.actors must be at least 1, got {self.env.actors}"),
-            (self.env.envs_per_actor >= 1, f"env.envs_per_actor must be at least 1, got {self.env.envs_per_actor}"),
-            (self.ppo.steps_per_env >= 1, f"ppo.steps_per_env must be at least 1, got {self.ppo.steps_per_env}"),
-            (self.ppo.minibatches >= 1, f"ppo.minibatches must be at least 1, got {self.ppo.minibatches}"),
-            (self.ppo.epochs >= 1, f"ppo.epochs must be at least 1, got {self.ppo.epochs}"),
-            (self.ppo.total_steps >= 1, f"ppo.total_steps must be positive, got {self.ppo.total_steps}"),
-            (self.learner.device in ("auto", "cpu", "cuda") or self.learner.device.startswith("cuda:"),
-             f"learner.device must be auto, cpu or cuda, got {self.learner.device!r}"),
-            (self.sync.strategy in SYNC_NAMES,
-             f"sync.strategy must be one of {', '.join(SYNC_NAMES)}, got {self.sync.strategy!r}"),
-            (self.sync.phase_cutoff is None or 0 < self.sync.phase_cutoff <= 1,
-             f"sync.phase_cutoff must be in (0, 1], got {self.sync.phase_cutoff}"),
-            (0 <= self.sync.min_unroll <= 1, f"sync.min_unroll must be in [0, 1], got {self.sync.min_unroll}"),
-            (self.sync.max_lag >= 1,
-             f"sync.max_lag must be at least 1 (0 is sync.strategy=strict), got {self.sync.max_lag}"),
-            (self.env.launcher in LAUNCHERS,
-             f"env.launcher must be one of {', '.join(LAUNCHERS)}, got {self.env.launcher!r}"),
-            (self.env.ray_num_cpus >= 0,
-             f"env.ray_num_cpus must be 0 (automatic) or positive, got {self.env.ray_num_cpus}"),
-            (self.env.ray_cpus_per_actor >= 0,
-             f"env.ray_cpus_per_actor must not be negative, got {self.env.ray_cpus_per_actor}"),
-            (self.learner.transport in TRANSPORTS,
-             f"learner.transport must be one of {', '.join(TRANSPORTS)}, got {self.learner.transport!r}"),
-            (self.model.kind in MODEL_KINDS,
-             f"model.kind must be one of {', '.join(MODEL_KINDS)}, got {self.model.kind!r}"),
-            (self.model.lstm_size >= 0, f"model.lstm_size must be 0 (no LSTM) or positive, got {self.model.lstm_size}"),
+        """Check every field against its declaration (as the loader does; fields may have been assigned
+        directly since), then the rules that tie fields together."""
+        for s in SETTINGS:
+            s.check(getattr(getattr(self, s.section), s.key))
+        device = self.learner.device
+        rules = [
+            (device in ("auto", "cpu", "cuda") or device.startswith("cuda:"),
+             f"learner.device must be auto, cpu, cuda or cuda:N, got {device!r}"),
             (self.model.lstm_size == 0 or self.sync.strategy in ("strict", "pipelined"),
              f"model.lstm_size > 0 needs sync.strategy strict or pipelined (snapshots keep the recurrent state "
              f"per slot); {self.sync.strategy!r} updates the model in place"),
             (not self.model.critic_lstm or self.model.lstm_size > 0,
              "model.critic_lstm gives the critic its own LSTM: it needs model.lstm_size > 0"),
-            (self.model.activation in ("tanh", "relu"),
-             f"model.activation must be tanh or relu, got {self.model.activation!r}"),
         ]
-        for ok, message in checks:
+        for ok, message in rules:
             if not ok:
                 raise ConfigError(message)
 
@@ -199,22 +258,150 @@ class ConfigError(ValueError):
     """A configuration value or key that is not valid."""
 
 
+# --- the declarations, read once -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One config field as declared: ``section.key``, its type, default, help, short flag and range."""
+
+    section: str
+    key: str
+    hint: Any
+    default: Any
+    help: str
+    flag: str | None
+    ge: float | None
+    gt: float | None
+    le: float | None
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.key}"
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The allowed values of a ``Literal`` field; empty for any other."""
+        return typing.get_args(self.hint) if typing.get_origin(self.hint) is Literal else ()
+
+    def check(self, value: Any) -> None:
+        """The one place that says a value is not allowed: not one of the choices, or out of range."""
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"{self.dotted} must be one of {', '.join(self.choices)}, got {value!r}")
+        if value is None or isinstance(value, (bool, str, list)):
+            return
+        if ((self.ge is not None and value < self.ge) or (self.gt is not None and value <= self.gt)
+                or (self.le is not None and value > self.le)):
+            raise ConfigError(f"{self.dotted} must be {self.range()}, got {value}")
+
+    def range(self) -> str:
+        """The declared range as a reader writes it: ``>= 1``, ``> 0 and <= 1``; empty where none is."""
+        low = "" if self.ge is None and self.gt is None else (
+            f">= {self.ge:g}" if self.gt is None else f"> {self.gt:g}")
+        high = "" if self.le is None else f"<= {self.le:g}"
+        return " and ".join(part for part in (low, high) if part)
+
+    def type_name(self) -> str:
+        """The type as a reader writes it: ``int``, ``float or none``, ``list of int``, ``one of a, b``."""
+        return _type_name(self.hint)
+
+
+def _type_name(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or none"
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    return hint.__name__
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
+
+
+def sections() -> dict[str, type]:
+    """Each section's name and dataclass, in the order of ``Config``."""
+    hints = typing.get_type_hints(Config)
+    return {name: hints[name] for name in SECTIONS}
+
+
+def _declared() -> list[Setting]:
+    found = []
+    for section, cls in sections().items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            found.append(Setting(section, f.name, hints[f.name], default, f.metadata["help"], f.metadata["flag"],
+                                 f.metadata["ge"], f.metadata["gt"], f.metadata["le"]))
+    return found
+
+
+SETTINGS = _declared()  # every config field as declared, section by section in the order of Config
+
+# Keys that older versions read, and where they live now. A config file that uses one still loads (a run
+# directory's config.yaml from before the move must resume, evaluate and audit); a --set or assignment fails.
+MOVED = {
+    "env.actors": "actors.count",
+    "env.envs_per_actor": "actors.envs_per_actor",
+    "env.actor_restarts": "actors.restarts",
+    "env.launcher": "actors.launcher",
+    "env.ray_address": "actors.ray_address",
+    "env.ray_num_cpus": "actors.ray_num_cpus",
+    "env.ray_cpus_per_actor": "actors.ray_cpus_per_actor",
+    "learner.transport": "actors.transport",
+    "sync.inference_threads": "debug.inference_threads",
+}
+
+# Benchmark knobs that left the training path: the benchmarks set them on their own entry point
+# (`python -m lockstep_bench.train --jitter-ms MS --collect-only ...`). A config file from before, which holds
+# them at their old defaults, still loads; any other value is refused with where the knob went.
+REMOVED = {
+    "sync.jitter_ms": (0.0, "adversarial delays are a benchmark's: python -m lockstep_bench.train --jitter-ms MS"),
+    "run.collect_only": (False, "collection-only runs are a benchmark's: python -m lockstep_bench.train "
+                                "--collect-only"),
+}
+
+
 def to_dict(config: Config) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
 def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
-    """Merge a nested dict (from YAML) into ``base``; unknown keys are errors."""
+    """Merge a nested dict (from YAML) into ``base``; unknown keys are errors, moved keys are read where they
+    live now (with a warning that names the new key)."""
     config = base if base is not None else Config()
-    for section, values in (data or {}).items():
-        if not hasattr(config, section) or not dataclasses.is_dataclass(getattr(config, section)):
-            sections = [f.name for f in dataclasses.fields(Config)]
-            raise ConfigError(f"unknown config section {section!r}; sections: {sections}")
+    data = data or {}
+    for section, values in data.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown config section {section!r}; sections: {list(SECTIONS)}")
         if not isinstance(values, dict):
             raise ConfigError(f"config section {section!r} must be a mapping, got {values!r}")
+    for section, values in data.items():
         for key, value in values.items():
-            set_value(config, f"{section}.{key}", value)
+            dotted = f"{section}.{key}"
+            if dotted in REMOVED:
+                _removed(dotted, value)
+                continue
+            if dotted in MOVED:
+                dotted = _moved(dotted, data)
+            set_value(config, dotted, value)
     return config
+
+
+def _removed(dotted: str, value: Any) -> None:
+    old_default, where = REMOVED[dotted]
+    if value != old_default:
+        raise ConfigError(f"{dotted} is no longer a config key: {where}")
+
+
+def _moved(old: str, data: dict[str, Any]) -> str:
+    new = MOVED[old]
+    section, key = new.split(".")
+    if key in (data.get(section) or {}):
+        raise ConfigError(f"{old} moved to {new}, and this config gives both: keep only {new}")
+    log.warning("config key %s moved to %s; read it there (rename it in the file)", old, new)
+    return new
 
 
 DEFAULT_PRESET = "cartpole-fast"  # lockstep train without --config, for its environment (CartPole-v1)
@@ -290,25 +477,40 @@ def save(config: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
+def setting_of(dotted: str) -> Setting:
+    """The declaration of ``section.key``; a ConfigError that names the key and, for a moved key, where it
+    lives now."""
+    if dotted in MOVED:
+        raise ConfigError(f"{dotted} moved to {MOVED[dotted]}: use {MOVED[dotted]}")
+    if dotted in REMOVED:
+        raise ConfigError(f"{dotted} is no longer a config key: {REMOVED[dotted][1]}")
+    section, _, key = dotted.partition(".")
+    if section not in SECTIONS:
+        raise ConfigError(f"unknown config section {section!r} in {dotted!r}; sections: {list(SECTIONS)}")
+    for s in SETTINGS:
+        if s.dotted == dotted:
+            return s
+    known = ", ".join(s.key for s in SETTINGS if s.section == section)
+    raise ConfigError(f"unknown config key {dotted!r}; {section} has: {known}")
+
+
 def set_value(config: Config, dotted: str, value: Any) -> None:
-    """Set ``section.key`` to ``value``, converting strings from the command line to the field's type."""
-    section_name, _, key = dotted.partition(".")
-    section = getattr(config, section_name, None)
-    if section is None or not dataclasses.is_dataclass(section):
-        raise ConfigError(f"unknown config section {section_name!r} in {dotted!r}")
-    hints = typing.get_type_hints(type(section))
-    if key not in hints:
-        known = ", ".join(f.name for f in dataclasses.fields(section))
-        raise ConfigError(f"unknown config key {dotted!r}; {section_name} has: {known}")
+    """Set ``section.key`` to ``value``, converting strings from the command line or YAML to the field's
+    type and checking it against the field's declaration."""
+    s = setting_of(dotted)
     try:
-        setattr(section, key, _coerce(value, hints[key]))
+        converted = _coerce(value, s.hint)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{dotted}: cannot use {value!r}: {err}") from err
+    s.check(converted)
+    setattr(getattr(config, s.section), s.key, converted)
 
 
 def _coerce(value: Any, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
+    if origin is Literal:
+        return str(value)
     if origin in (typing.Union, types.UnionType):
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
             if type(None) in args:
@@ -342,3 +544,54 @@ def _coerce(value: Any, hint: Any) -> Any:
     if hint is str:
         return str(value)
     raise TypeError(f"unsupported field type {hint}")
+
+
+
+# --- the reference ----------------------------------------------------------------------------------
+
+
+def reference() -> str:
+    """docs/configuration.md: every section and field with its type, default, short flag and help."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Written by `python -m lockstep.config --markdown docs/configuration.md` from the dataclasses in",
+        "     src/lockstep/config.py; edit those, not this file (a unit test compares the two). -->",
+        "",
+        "A run's configuration is one tree of sections. Set a field in a YAML file (`--config FILE` or a preset",
+        "name), with `--set section.key=value` or with `--section.key value` on the command line of",
+        "`lockstep train` and `lockstep learner`; the short flags below are the same fields. Later settings win:",
+        "the file, then the flags, then each `--set` in order. The resolved tree is written to",
+        "`RUN_DIR/config.yaml`. Values are checked when they are set: a field with choices takes only those,",
+        "and a range is checked where one is given.",
+        "",
+        f"Presets: {', '.join(f'`{n}`' for n in preset_names())} (default `{DEFAULT_PRESET}`).",
+    ]
+    for section, cls in sections().items():
+        lines += ["", f"## {section}", "", (cls.__doc__ or "").strip(), "",
+                  "| key | type | default | flag | range | help |", "|---|---|---|---|---|---|"]
+        for s in (s for s in SETTINGS if s.section == section):
+            lines.append(f"| `{s.dotted}` | {s.type_name()} | `{_yaml_value(s.default)}` | "
+                         f"{f'`{s.flag}`' if s.flag else ''} | {s.range()} | {s.help.replace('|', '/')} |")
+    lines += ["", "## Moved keys", "",
+              "Config files that use an old key still load, with a warning that names the new one; `--set` with "
+              "an old key fails with the same message.", "", "| old key | now |", "|---|---|"]
+    lines += [f"| `{old}` | `{new}` |" for old, new in MOVED.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_value(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").removesuffix("...").strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lockstep.config",
+                                     description="Write the configuration reference (docs/configuration.md).")
+    parser.add_argument("--markdown", metavar="FILE", required=True, help="the Markdown file to write")
+    args = parser.parse_args(argv)
+    Path(args.markdown).write_text(reference())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

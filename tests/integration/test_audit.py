@@ -138,7 +138,7 @@ def test_differences_in_in_place_runs_are_reported_without_failing(cartpole_run,
 
 def test_continuous_actions_with_observation_normalization(tmp_path):
     run = _train("configs/pendulum.yaml", tmp_path / "run", **{
-        "env.actors": 1, "env.envs_per_actor": 4, "ppo.steps_per_env": 256, "ppo.total_steps": 2048,
+        "actors.count": 1, "actors.envs_per_actor": 4, "ppo.steps_per_env": 256, "ppo.total_steps": 2048,
         "env.normalize_obs": True,
     })
     report = audit.check(run)

@@ -40,10 +40,10 @@ def test_both_modes_train_to_the_threshold_and_record_it():
 
 
 def test_transport_passes_through_to_the_distributed_runs():
-    assert learn.build_config(learn.LearnOptions(transport="grpc"))[0].learner.transport == "grpc"
-    default = learn.build_config(learn.LearnOptions())[0].learner.transport
-    assert default == config_lib.load(config_lib.DEFAULT_PRESET).learner.transport
-    with pytest.raises(config_lib.ConfigError, match=r"learner\.transport"):
+    assert learn.build_config(learn.LearnOptions(transport="grpc"))[0].actors.transport == "grpc"
+    default = learn.build_config(learn.LearnOptions())[0].actors.transport
+    assert default == config_lib.load(config_lib.DEFAULT_PRESET).actors.transport
+    with pytest.raises(config_lib.ConfigError, match=r"actors\.transport"):
         learn.build_config(learn.LearnOptions(transport="pigeon"))
 
 
@@ -68,7 +68,8 @@ def test_medians_count_a_run_that_never_reached_as_infinitely_slow():
 def test_bench_learn_runs_both_modes_per_seed_and_writes_both_files(tmp_path):
     config_path = tmp_path / "tiny.yaml"
     config_path.write_text(yaml.safe_dump({
-        "env": {"id": "CartPole-v1", "actors": 1, "envs_per_actor": 4},
+        "env": {"id": "CartPole-v1"},
+        "actors": {"count": 1, "envs_per_actor": 4},
         "ppo": {"steps_per_env": 16, "total_steps": 2048},
         "learner": {"device": "cpu"},
         "run": {"stop_at_return": 15},  # a random policy's running mean is about 20
@@ -100,7 +101,7 @@ def test_bench_learn_runs_both_modes_per_seed_and_writes_both_files(tmp_path):
 def test_train_without_thresholds_reports_the_envs_reward_threshold(tmp_path):
     """The learner wiring end to end: no run.thresholds, so summary.json and the last line track CartPole's 475."""
     config_path = tmp_path / "plain.yaml"
-    config_path.write_text(yaml.safe_dump({"env": {"id": "CartPole-v1", "actors": 1, "envs_per_actor": 2},
+    config_path.write_text(yaml.safe_dump({"env": {"id": "CartPole-v1"}, "actors": {"count": 1, "envs_per_actor": 2},
                                            "ppo": {"steps_per_env": 32, "total_steps": 128}}))
     run_dir = tmp_path / "run"
     result = subprocess.run([*lockstep_cmd(), "train", "--config", str(config_path), "--run-dir", str(run_dir),

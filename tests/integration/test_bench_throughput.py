@@ -38,8 +38,8 @@ def test_baseline_trains_to_its_step_budget(tmp_path):
 def test_baseline_collect_only_and_box_actions_with_truncation():
     # Pendulum episodes end by truncation at 200 steps: exercises the final-observation path.
     config = throughput.build_config(throughput.CONFIGS["pendulum-scaled"], 1024, 60.0, "cpu")
-    config_lib.set_value(config, "env.actors", 1)
-    config_lib.set_value(config, "env.envs_per_actor", 2)
+    config_lib.set_value(config, "actors.count", 1)
+    config_lib.set_value(config, "actors.envs_per_actor", 2)
     config_lib.set_value(config, "ppo.steps_per_env", 128)
     result = baseline.run(config)
     assert result["env_steps"] == 1024 and result["iterations"] == 4
@@ -49,7 +49,7 @@ def test_baseline_collect_only_and_box_actions_with_truncation():
 
 
 def test_baseline_learns_cartpole():
-    config = _cartpole(**{"env.envs_per_actor": 4, "ppo.steps_per_env": 32, "ppo.lr": 1e-3,
+    config = _cartpole(**{"actors.envs_per_actor": 4, "ppo.steps_per_env": 32, "ppo.lr": 1e-3,
                           "ppo.total_steps": 30_000, "run.stop_at_return": 195})
     result = baseline.run(config)
     assert result["first_reached"]["195"] is not None, result["curve"][-5:]
@@ -91,7 +91,7 @@ def test_baseline_computes_what_a_one_actor_strict_learner_computes(tmp_path):
     """With one actor the learner's noise keys and env seeds are the baseline's: the runs must agree exactly."""
     from lockstep.launch.local import train
 
-    config = _cartpole(**{"env.actors": 1, "env.envs_per_actor": 4, "ppo.total_steps": 5120})
+    config = _cartpole(**{"actors.count": 1, "actors.envs_per_actor": 4, "ppo.total_steps": 5120})
     expected = baseline.run(config)
     config.run.progress = False
     config.run.run_dir = str(tmp_path / "run")
@@ -103,7 +103,7 @@ def test_baseline_computes_what_a_one_actor_strict_learner_computes(tmp_path):
 
 @pytest.mark.parametrize("name, path, changes", [
     ("cartpole-cleanrl", "configs/cartpole-cleanrl.yaml", {}),
-    ("pendulum-scaled", "configs/pendulum.yaml", {"env.actors": 4, "env.envs_per_actor": 16,
+    ("pendulum-scaled", "configs/pendulum.yaml", {"actors.count": 4, "actors.envs_per_actor": 16,
                                                   "ppo.steps_per_env": 64, "ppo.epochs": 4, "ppo.minibatches": 4}),
     ("atari-breakout", "configs/breakout.yaml", {"ppo.steps_per_env": 32}),
     ("atari-breakout-envpool", "configs/breakout.yaml", {"ppo.steps_per_env": 32, "env.id": "envpool:Breakout-v5"}),

@@ -25,7 +25,7 @@ def _config(path: str, tmp_path, **overrides) -> config_lib.Config:
 
 def test_cartpole_reaches_195_within_a_short_budget(tmp_path):
     config = _config("configs/cartpole-cleanrl.yaml", tmp_path, **{
-        "env.actors": 2, "env.envs_per_actor": 4, "ppo.steps_per_env": 32, "ppo.lr": 1e-3,
+        "actors.count": 2, "actors.envs_per_actor": 4, "ppo.steps_per_env": 32, "ppo.lr": 1e-3,
         "ppo.total_steps": 60_000, "run.stop_at_return": 195,
     })
     summary = train(config, tmp_path / "run")

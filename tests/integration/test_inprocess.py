@@ -37,9 +37,9 @@ def make(**kwargs):
 
 def _config(tmp_path, **changes) -> Config:
     config = Config()
-    config.env.actors, config.env.envs_per_actor = 2, 3
+    config.actors.count, config.actors.envs_per_actor = 2, 3
     config.ppo.steps_per_env, config.ppo.total_steps = 16, 2 * 3 * 16 * 8
-    config.learner.transport = "inprocess"
+    config.actors.transport = "inprocess"
     config.run.progress = False
     config.run.audit = True
     config.run.thresholds = []
@@ -76,6 +76,6 @@ def test_an_in_process_actor_whose_env_raises_is_restarted_and_its_unroll_droppe
 
 @pytest.mark.parametrize("transport", ["inprocess"])
 def test_the_transport_is_written_into_the_run_config(tmp_path, transport):
-    train(_config(tmp_path, **{"learner.transport": transport, "ppo.total_steps": 2 * 3 * 16, "run.audit": False}),
+    train(_config(tmp_path, **{"actors.transport": transport, "ppo.total_steps": 2 * 3 * 16, "run.audit": False}),
           tmp_path / "run")
     assert f"transport: {transport}" in (tmp_path / "run" / "config.yaml").read_text()

@@ -145,7 +145,7 @@ def test_the_module_that_ray_workers_import_loads_no_torch():
 def test_without_ray_the_launcher_names_the_line_that_installs_it(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     config = config_lib.Config()
-    config.env.launcher = "ray"
+    config.actors.launcher = "ray"
     with pytest.raises(config_lib.ConfigError, match=re.escape("pip install -e '.[ray]'")):
         RayActors(config, tmp_path, token=None)
 
@@ -154,6 +154,6 @@ def test_without_ray_the_launcher_names_the_line_that_installs_it(tmp_path, monk
 def test_a_ray_instance_too_small_for_the_actors_is_refused_before_anything_starts(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     config = config_lib.Config()
-    config.env.actors, config.env.ray_num_cpus, config.env.ray_cpus_per_actor = 4, 2, 1.0
+    config.actors.count, config.actors.ray_num_cpus, config.actors.ray_cpus_per_actor = 4, 2, 1.0
     with pytest.raises(config_lib.ConfigError, match="cannot place 4 actors"):
         RayActors(config, tmp_path, token=None)

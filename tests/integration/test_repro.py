@@ -22,7 +22,7 @@ def test_the_same_seed_gives_identical_metrics_beside_a_cpu_burner(tmp_path):
     config.env.id = "CartPole-v1"
     # 3 slots per actor: rows of a 3-row pass and of a 6-row pass differ in the last bits on the CPUs
     # measured (with 4 and 8 rows they happen not to), so a leak of batch composition would show here
-    config.env.actors, config.env.envs_per_actor = 2, 3
+    config.actors.count, config.actors.envs_per_actor = 2, 3
     config.ppo.steps_per_env = 16
     config.ppo.lr = 1e-3
     config.learner.max_wait_ms = 0.5  # a short wait: more passes that hold only one actor's request

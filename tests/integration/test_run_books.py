@@ -31,7 +31,7 @@ INCREASE_COLUMNS = ("dropped_transitions", "stalls", "wasted_forward_passes", "r
 
 def _small_config(run_dir) -> Config:
     config = Config()
-    config.env.actors, config.env.envs_per_actor = 2, 4
+    config.actors.count, config.actors.envs_per_actor = 2, 4
     config.ppo.steps_per_env, config.ppo.total_steps = 16, 10**9
     config.run.progress = False
     config.run.run_dir = str(run_dir)

@@ -43,7 +43,7 @@ class RunningLearner:
         config = config_lib.Config()
         config.run.progress = False
         config.ppo.total_steps, config.ppo.steps_per_env = 10**9, T
-        config.env.actors, config.learner.min_actors = 1, min_actors
+        config.actors.count, config.learner.min_actors = 1, min_actors
         for key, value in learner_fields.items():
             setattr(config.learner, key, value)
         self.learner = Learner(config, tmp_path / "run")

@@ -53,7 +53,7 @@ def test_an_actor_installed_without_torch_trains_with_a_learner(tmp_path):
     config = config_lib.Config()
     config.run.progress = False
     config.run.thresholds = []
-    config.env.envs_per_actor = 2
+    config.actors.envs_per_actor = 2
     config.ppo.steps_per_env, config.ppo.total_steps = 16, 2 * 16 * 3
     config.learner.min_actors = 1
     config.learner.device = "cpu"

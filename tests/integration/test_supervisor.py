@@ -150,7 +150,7 @@ TOKEN = "supervisor-test-token"
 def learner(tmp_path):
     """A real learner that wants a token and trains one phase of one actor with one env (8 steps)."""
     config = Config()
-    config.env.actors, config.env.envs_per_actor = 1, 1
+    config.actors.count, config.actors.envs_per_actor = 1, 1
     config.ppo.steps_per_env, config.ppo.total_steps, config.ppo.minibatches = 8, 8, 1
     config.model.hidden = [8]
     config.learner.device = "cpu"
@@ -184,7 +184,7 @@ def test_actor_refused_by_the_learner_or_finished_is_not_restarted(learner):
     assert refused.actors[0].process.exitcode == 2
     assert refused.restarts == 0 and refused.all_exited()
 
-    finished = supervise_until_exit(ActorOptions(learner=address, token=TOKEN, retry_for_s=60.0))
+    finished = supervise_until_exit(ActorOptions(learner=address, envs_per_actor=1, token=TOKEN, retry_for_s=60.0))
     assert finished.actors[0].process.exitcode == 0
     assert finished.restarts == 0 and finished.all_exited()
     wait_for(lambda: "summary" in outcome)

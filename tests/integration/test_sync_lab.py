@@ -28,7 +28,7 @@ def _config(tmp_path, strategy: str, **overrides) -> config_lib.Config:
 
 def test_strict_with_random_delays_and_16_actors_trains_only_on_policy(tmp_path):
     config = _config(tmp_path, "strict", **{
-        "env.actors": 16, "env.envs_per_actor": 1, "ppo.steps_per_env": 16, "ppo.total_steps": 16 * 16 * 6,
+        "actors.count": 16, "actors.envs_per_actor": 1, "ppo.steps_per_env": 16, "ppo.total_steps": 16 * 16 * 6,
         "run.audit": True,
     })
     summary = train(config, tmp_path / "run", parts=hooks.parts(Knobs(jitter_ms=3.0)))
@@ -47,7 +47,7 @@ def test_strict_with_random_delays_and_16_actors_trains_only_on_policy(tmp_path)
 @pytest.mark.parametrize("max_lag", [1, 2])
 def test_pipelined_lag_stays_within_its_bound_and_cartpole_still_learns(tmp_path, max_lag):
     config = _config(tmp_path, "pipelined", **{
-        "sync.max_lag": max_lag, "env.actors": 2, "env.envs_per_actor": 4,
+        "sync.max_lag": max_lag, "actors.count": 2, "actors.envs_per_actor": 4,
         "ppo.steps_per_env": 32, "ppo.lr": 1e-3, "ppo.total_steps": 80_000, "run.stop_at_return": 195,
     })
     summary = train(config, tmp_path / "run", parts=hooks.parts(Knobs(jitter_ms=2.0)))
@@ -64,8 +64,8 @@ def test_pipelined_lag_stays_within_its_bound_and_cartpole_still_learns(tmp_path
 @pytest.mark.parametrize("strategy", sorted(REFERENCE))
 def test_reference_strategy_runs_a_short_real_training_and_reports_its_counters(tmp_path, strategy):
     config = _config(tmp_path, strategy, **{
-        "env.actors": 3, "env.envs_per_actor": 2, "ppo.steps_per_env": 16, "ppo.total_steps": 3 * 2 * 16 * 4,
-        "sync.inference_threads": 2, "run.time_limit_s": 30,
+        "actors.count": 3, "actors.envs_per_actor": 2, "ppo.steps_per_env": 16, "ppo.total_steps": 3 * 2 * 16 * 4,
+        "debug.inference_threads": 2, "run.time_limit_s": 30,
     })
     summary = train(config, tmp_path / "run")
     assert summary["error"] is None

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def _config(run_dir) -> config_lib.Config:
     config = config_lib.load("cartpole-cleanrl")
-    config.learner.transport = "inprocess"
+    config.actors.transport = "inprocess"
     config.ppo.steps_per_env, config.ppo.total_steps = 32, 2 * 2 * 32 * 3
     config.run.progress, config.run.wandb, config.run.run_dir = False, True, str(run_dir)
     return config

@@ -37,7 +37,7 @@ def _learner_config() -> config_lib.Config:
     config = config_lib.Config()
     config.run.progress = False
     config.ppo.total_steps = 10**9
-    config.env.actors = 1
+    config.actors.count = 1
     return config
 
 

@@ -19,10 +19,10 @@ ITERATIONS = 12
 def _config(lstm_size: int) -> Config:
     config = Config()
     config.model.lstm_size = lstm_size
-    config.env.actors, config.env.envs_per_actor = 2, 3  # actor 1's slots after actor 0's, in both
+    config.actors.count, config.actors.envs_per_actor = 2, 3  # actor 1's slots after actor 0's, in both
     config.ppo.steps_per_env, config.ppo.total_steps = 16, 2 * 3 * 16 * ITERATIONS
     config.ppo.lr = 1e-2  # large, so that the policy (and with it every later episode) changes each update
-    config.learner.transport = "inprocess"
+    config.actors.transport = "inprocess"
     config.learner.device = "cpu"
     config.run.progress = False
     config.run.thresholds = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
@@ -10,6 +11,8 @@ import pytest
 from conftest import lockstep_cmd
 
 from lockstep import cli
+from lockstep import config as config_lib
+from lockstep.actor import ActorOptions
 
 
 def _help(capsys, *argv: str) -> str:
@@ -64,3 +67,90 @@ def test_a_missing_optional_extra_names_the_pip_install_line(tmp_path, module, e
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert f"pip install -e '.[{extra}]'" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- flags generated from the config's declarations ----------------------------------------------
+
+
+def _options(command: str) -> dict[str, argparse.Action]:
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {flag: action for action in sub.choices[command]._actions for flag in action.option_strings}
+
+
+@pytest.mark.parametrize("command", ["train", "learner"])
+def test_every_config_field_has_a_flag_whose_help_is_the_fields_help(command):
+    options = _options(command)
+    for s in config_lib.SETTINGS:
+        action = options[f"--{s.dotted}"]
+        assert (action.dest, action.help) == (s.dotted, s.help)
+        if s.flag:
+            assert options[s.flag].dest == s.dotted
+        if s.choices:
+            assert action.metavar == "{" + ",".join(s.choices) + "}"
+
+
+def test_the_flags_users_know_are_aliases_of_the_generated_ones():
+    expected = {"--env": "env.id", "--total-steps": "ppo.total_steps", "--seed": "run.seed", "--lr": "ppo.lr",
+                "--steps-per-env": "ppo.steps_per_env", "--actors": "actors.count",
+                "--envs-per-actor": "actors.envs_per_actor", "--device": "learner.device",
+                "--transport": "actors.transport", "--sync": "sync.strategy", "--run-dir": "run.run_dir",
+                "--launcher": "actors.launcher", "--audit": "run.audit", "--no-progress": "run.progress"}
+    options = _options("train")
+    assert {flag: options[flag].dest for flag in expected} == expected
+
+
+def _resolve(*argv: str) -> config_lib.Config:
+    return cli.resolve_config(cli.build_parser().parse_args(["train", "--run-dir", "runs/x", *argv]))
+
+
+@pytest.mark.parametrize("argv", [["--actors", "3", "--transport", "grpc", "--lr", "1e-3"],
+                                  ["--actors.count", "3", "--actors.transport", "grpc", "--ppo.lr", "1e-3"],
+                                  ["--set", "actors.count=3", "--set", "actors.transport=grpc",
+                                   "--set", "ppo.lr=1e-3"]])
+def test_a_short_flag_its_long_form_and_set_give_the_same_config(argv):
+    config = _resolve(*argv)
+    assert (config.actors.count, config.actors.transport, config.ppo.lr) == (3, "grpc", 1e-3)
+
+
+def test_boolean_flags_take_a_value_and_short_flags_flip_the_default():
+    assert _resolve().run.audit is False and _resolve().run.progress is True
+    assert _resolve("--audit").run.audit is True and _resolve("--run.audit").run.audit is True
+    assert _resolve("--no-progress").run.progress is False
+    assert _resolve("--run.progress", "false").run.progress is False
+    assert _resolve("--ppo.anneal_lr", "no").ppo.anneal_lr is False
+    assert _resolve("--sanitize").learner.sanitize is True
+
+
+def test_set_wins_over_a_flag():
+    assert _resolve("--actors", "3", "--set", "actors.count=5").actors.count == 5
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--transport", "tcp"], "actors.transport must be one of shm, grpc, inprocess, got 'tcp'"),
+    (["--actors", "0"], "actors.count must be >= 1, got 0"),
+    (["--set", "env.actors=2"], "env.actors moved to actors.count"),
+    (["--set", "learner.transport=grpc"], "learner.transport moved to actors.transport"),
+])
+def test_a_value_the_config_refuses_exits_2_naming_the_key(capsys, argv, message):
+    assert cli.main(["train", "--no-progress", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def _actor(*argv: str):
+    return cli.actor_options(cli.build_parser().parse_args(["actor", "--learner", "127.0.0.1:1", *argv]))
+
+
+def test_the_actor_reads_envs_per_actor_from_the_config_one_default_one_name_and_the_old_alias():
+    assert _actor().envs_per_actor == config_lib.Config().actors.envs_per_actor == ActorOptions().envs_per_actor
+    assert _actor().env == config_lib.Config().env.id == ActorOptions().env
+    assert _actor("--envs-per-actor", "3").envs_per_actor == 3
+    assert _actor("--num-envs", "5").envs_per_actor == 5
+    options = _options("actor")
+    assert options["--num-envs"] is options["--envs-per-actor"]
+    assert options["--envs-per-actor"].help == config_lib.setting_of("actors.envs_per_actor").help
+    assert options["--env"].help == config_lib.setting_of("env.id").help
+
+
+def test_the_actor_checks_envs_per_actor_as_the_config_does():
+    with pytest.raises(config_lib.ConfigError, match=r"actors\.envs_per_actor must be >= 1, got 0"):
+        _actor("--num-envs", "0")

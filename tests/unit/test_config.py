@@ -1,14 +1,22 @@
-"""Configuration: CleanRL defaults, command-line coercion, YAML merge and save, presets, validation."""
+"""Configuration: CleanRL defaults, command-line coercion, YAML merge and save, presets, validation,
+allowed values and ranges as declared, moved keys, and the generated reference."""
 
 from __future__ import annotations
+
+import logging
+from pathlib import Path
 
 import pytest
 import yaml
 
+from lockstep import config as config_lib
 from lockstep.config import (
     DEFAULT_PRESET,
+    MOVED,
+    SETTINGS,
     Config,
     ConfigError,
+    apply_sets,
     default_config,
     from_dict,
     load,
@@ -17,6 +25,8 @@ from lockstep.config import (
     set_value,
     to_dict,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_are_cleanrl_cartpole_settings():
@@ -41,7 +51,7 @@ def test_defaults_are_cleanrl_cartpole_settings():
     assert c.model.hidden == [64, 64]
     assert c.model.activation == "tanh"
     # CleanRL's num_envs=4, here spread over actors
-    assert c.env.actors * c.env.envs_per_actor == 4
+    assert c.actors.count * c.actors.envs_per_actor == 4
     assert c.batch_size == 4 * 128
 
 
@@ -55,7 +65,7 @@ def test_default_list_fields_are_not_shared_between_instances():
 
 def test_min_actors_zero_means_all_actors():
     c = Config()
-    c.env.actors = 3
+    c.actors.count = 3
     assert c.min_actors == 3
     c.learner.min_actors = 1
     assert c.min_actors == 1
@@ -151,14 +161,14 @@ def test_set_value_rejects_non_section_attributes_of_config():
 
 def test_load_merges_yaml_over_defaults(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"ppo": {"lr": 0.001, "epochs": 10}, "env": {"actors": 3}}))
+    path.write_text(yaml.safe_dump({"ppo": {"lr": 0.001, "epochs": 10}, "actors": {"count": 3}}))
     c = load(path)
     assert c.ppo.lr == 0.001
     assert c.ppo.epochs == 10
-    assert c.env.actors == 3
+    assert c.actors.count == 3
     # untouched fields keep their defaults
     assert c.ppo.minibatches == 4
-    assert c.env.envs_per_actor == 2
+    assert c.actors.envs_per_actor == 2
     assert c.model.hidden == [64, 64]
 
 
@@ -213,7 +223,7 @@ def test_from_dict_section_must_be_a_mapping():
 def test_save_then_load_round_trips(tmp_path):
     c = Config()
     c.env.id = "Pendulum-v1"
-    c.env.actors = 3
+    c.actors.count = 3
     c.env.normalize_obs = True
     c.ppo.lr = 3e-4
     c.ppo.anneal_lr = False
@@ -234,7 +244,8 @@ def test_save_then_load_round_trips(tmp_path):
 def test_save_writes_every_section(tmp_path):
     path = tmp_path / "config.yaml"
     save(Config(), path)
-    assert set(yaml.safe_load(path.read_text())) == {"env", "ppo", "model", "learner", "sync", "run"}
+    assert set(yaml.safe_load(path.read_text())) == {"env", "actors", "ppo", "model", "learner", "sync", "run",
+                                                      "debug"}
 
 
 # --- presets ---------------------------------------------------------------------------------
@@ -315,15 +326,15 @@ def test_defaults_validate():
     Config().validate()
 
 
-def test_validate_rejects_zero_actors_naming_env_actors():
+def test_validate_rejects_zero_actors_naming_actors_count():
     c = Config()
-    c.env.actors = 0
-    with pytest.raises(ConfigError, match=r"env\.actors"):
+    c.actors.count = 0
+    with pytest.raises(ConfigError, match=r"actors\.count"):
         c.validate()
 
 
 @pytest.mark.parametrize("dotted, value", [
-    ("env.envs_per_actor", 0),
+    ("actors.envs_per_actor", 0),
     ("ppo.steps_per_env", 0),
     ("ppo.minibatches", 0),
     ("ppo.epochs", 0),
@@ -333,8 +344,8 @@ def test_validate_rejects_zero_actors_naming_env_actors():
 ])
 def test_validate_rejects_invalid_values_naming_the_field(dotted, value):
     c = Config()
-    set_value(c, dotted, value)
     with pytest.raises(ConfigError, match=dotted.replace(".", r"\.")):
+        set_value(c, dotted, value)
         c.validate()
 
 
@@ -343,3 +354,142 @@ def test_validate_accepts_known_devices(device):
     c = Config()
     c.learner.device = device
     c.validate()
+
+
+def test_validate_catches_a_value_outside_its_choices_assigned_directly():
+    c = Config()
+    c.actors.transport = "tcp"
+    with pytest.raises(ConfigError, match=r"actors\.transport must be one of shm, grpc, inprocess, got 'tcp'"):
+        c.validate()
+
+
+# --- declarations: choices and ranges -----------------------------------------------------------
+
+
+def test_every_field_is_declared_with_its_help():
+    assert [s.dotted for s in SETTINGS] == [f"{section}.{key}" for section, values in to_dict(Config()).items()
+                                            for key in values]
+    assert [s.dotted for s in SETTINGS if not s.help.strip()] == []
+
+
+@pytest.mark.parametrize("s", [s for s in SETTINGS if s.choices], ids=lambda s: s.dotted)
+def test_a_field_with_choices_takes_each_and_nothing_else_naming_key_value_and_choices(s):
+    c = Config()
+    for choice in s.choices:
+        set_value(c, s.dotted, choice)
+        assert getattr(getattr(c, s.section), s.key) == choice
+    with pytest.raises(ConfigError) as info:
+        set_value(c, s.dotted, "no-such-value")
+    message = str(info.value)
+    assert message == f"{s.dotted} must be one of {', '.join(s.choices)}, got 'no-such-value'"
+
+
+def test_the_sync_strategies_are_the_registrys():
+    from lockstep.sync import NAMES
+
+    assert config_lib.setting_of("sync.strategy").choices == NAMES
+
+
+@pytest.mark.parametrize("dotted, bad, good, wanted", [
+    ("actors.count", "0", "1", ">= 1"),
+    ("actors.restarts", "-1", "0", ">= 0"),
+    ("actors.ray_cpus_per_actor", "-0.5", "0", ">= 0"),
+    ("sync.phase_cutoff", "0", "1", "> 0 and <= 1"),
+    ("sync.phase_cutoff", "1.5", "0.5", "> 0 and <= 1"),
+    ("sync.min_unroll", "1.01", "0", ">= 0 and <= 1"),
+    ("sync.max_lag", "0", "2", ">= 1"),
+    ("model.lstm_size", "-1", "0", ">= 0"),
+    ("debug.inference_threads", "0", "1", ">= 1"),
+])
+def test_a_declared_range_is_checked_when_the_value_is_set(dotted, bad, good, wanted):
+    c = Config()
+    with pytest.raises(ConfigError, match=f"^{dotted.replace('.', r'[.]')} must be {wanted}, got "):
+        set_value(c, dotted, bad)
+    set_value(c, dotted, good)
+    c.validate()
+
+
+def test_none_passes_a_range_where_the_field_allows_none():
+    c = Config()
+    set_value(c, "sync.phase_cutoff", "none")
+    assert c.sync.phase_cutoff is None
+    c.validate()
+
+
+# --- moved keys --------------------------------------------------------------------------------
+
+# an old config file: every moved key, each with a value other than its new field's default
+OLD_FILE = {
+    "env": {"id": "CartPole-v1", "actors": 3, "envs_per_actor": 5, "actor_restarts": 4, "launcher": "ray",
+            "ray_address": "auto", "ray_num_cpus": 6, "ray_cpus_per_actor": 0.5},
+    "learner": {"transport": "inprocess", "device": "cpu"},
+    "sync": {"inference_threads": 3},
+}
+
+
+def test_an_old_config_file_loads_each_moved_key_where_it_lives_now_and_says_so(tmp_path, caplog):
+    assert {f"{section}.{key}" for section, values in OLD_FILE.items() for key in values} >= set(MOVED)
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(OLD_FILE))
+    with caplog.at_level(logging.WARNING, logger="lockstep.config"):
+        c = load(path)
+    assert (c.actors.count, c.actors.envs_per_actor, c.actors.restarts, c.actors.launcher) == (3, 5, 4, "ray")
+    assert (c.actors.ray_address, c.actors.ray_num_cpus, c.actors.ray_cpus_per_actor) == ("auto", 6, 0.5)
+    assert (c.actors.transport, c.debug.inference_threads, c.learner.device) == ("inprocess", 3, "cpu")
+    for old, new in MOVED.items():
+        assert f"config key {old} moved to {new}" in caplog.text
+
+
+def test_an_old_key_beside_its_new_one_fails_naming_both():
+    with pytest.raises(ConfigError, match=r"^env\.actors moved to actors\.count, and this config gives both"):
+        from_dict({"env": {"actors": 3}, "actors": {"count": 2}})
+
+
+def test_an_old_run_directorys_config_resumes_as_it_was_saved(tmp_path):
+    """config.yaml as runs wrote it before the move: the old layout, every field present."""
+    saved = Config()
+    saved.actors.count, saved.actors.transport, saved.debug.inference_threads = 1, "grpc", 4
+    old = to_dict(saved)
+    actors, debug = old.pop("actors"), old.pop("debug")
+    old["env"].update(actors=actors["count"], envs_per_actor=actors["envs_per_actor"],
+                      actor_restarts=actors["restarts"], launcher=actors["launcher"],
+                      **{k: v for k, v in actors.items() if k.startswith("ray_")})
+    old["learner"]["transport"] = actors["transport"]
+    old["sync"]["inference_threads"] = debug["inference_threads"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    assert load(path) == saved
+
+
+@pytest.mark.parametrize("old, new", sorted(MOVED.items()))
+def test_setting_a_moved_key_fails_naming_where_it_moved(old, new):
+    with pytest.raises(ConfigError, match=f"^{old.replace('.', '[.]')} moved to {new.replace('.', '[.]')}"):
+        apply_sets(Config(), [f"{old}=1"])
+
+
+# --- the reference -----------------------------------------------------------------------------
+
+
+def test_the_committed_reference_is_what_the_declarations_write():
+    assert (REPO / "docs" / "configuration.md").read_text() == config_lib.reference(), (
+        "docs/configuration.md is stale: python -m lockstep.config --markdown docs/configuration.md")
+
+
+def test_the_reference_lists_every_field_with_its_help_and_every_moved_key(tmp_path):
+    assert config_lib.main(["--markdown", str(tmp_path / "c.md")]) == 0
+    text = (tmp_path / "c.md").read_text()
+    for s in SETTINGS:
+        assert f"| `{s.dotted}` | {s.type_name()} |" in text and s.help in text
+    for old, new in MOVED.items():
+        assert f"| `{old}` | `{new}` |" in text
+
+
+def test_benchmark_knobs_that_left_the_config_load_at_their_old_defaults_and_are_refused_otherwise(tmp_path):
+    old = tmp_path / "config.yaml"  # a run directory's config.yaml from before they left
+    old.write_text("sync:\n  jitter_ms: 0.0\nrun:\n  collect_only: false\n  seed: 3\n")
+    assert config_lib.load(old).run.seed == 3
+    old.write_text("sync:\n  jitter_ms: 2.5\n")
+    with pytest.raises(config_lib.ConfigError, match="sync.jitter_ms is no longer a config key.*--jitter-ms"):
+        config_lib.load(old)
+    with pytest.raises(config_lib.ConfigError, match="run.collect_only is no longer a config key.*--collect-only"):
+        config_lib.apply_sets(config_lib.Config(), ["run.collect_only=true"])

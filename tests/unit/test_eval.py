@@ -17,11 +17,11 @@ from lockstep.tools import eval as evaluation
 
 def _train(run_dir, lstm_size: int = 0, critic_lstm: bool = False):
     config = Config()
-    config.env.actors, config.env.envs_per_actor = 1, 2
+    config.actors.count, config.actors.envs_per_actor = 1, 2
     config.ppo.steps_per_env, config.ppo.total_steps = 16, 2 * 16 * 3
     config.env.normalize_obs = True  # so that the checkpoint's obs_rms is used
     config.model.lstm_size, config.model.critic_lstm = lstm_size, critic_lstm
-    config.learner.transport = "inprocess"
+    config.actors.transport = "inprocess"
     config.learner.device = "cpu"
     config.run.progress = False
     config.run.thresholds = []

@@ -172,7 +172,7 @@ def test_a_session_carries_each_slots_state_resets_it_on_done_and_on_a_new_run_i
 def _train(run_dir: Path, env: str, **overrides) -> Path:
     config = config_lib.Config()
     config.env.id = env
-    config.learner.transport = "inprocess"
+    config.actors.transport = "inprocess"
     config.run.progress = False
     config.run.run_dir = str(run_dir)
     for key, value in overrides.items():
@@ -229,7 +229,7 @@ def test_the_audit_catches_a_changed_initial_state_or_a_dropped_reset(lstm_cartp
 
 @pytest.mark.slow
 def test_an_lstm_learns_to_recall_what_an_mlp_cannot(tmp_path):
-    settings = {"model.hidden": [32], "env.actors": 2, "env.envs_per_actor": 8, "ppo.steps_per_env": 16,
+    settings = {"model.hidden": [32], "actors.count": 2, "actors.envs_per_actor": 8, "ppo.steps_per_env": 16,
                 "ppo.total_steps": 8192, "ppo.lr": 3e-3, "run.seed": 1}
     lstm = _train(tmp_path / "lstm", "lockstep.envs.tasks:Recall", **settings, **{"model.lstm_size": 32})
     mlp = _train(tmp_path / "mlp", "lockstep.envs.tasks:Recall", **settings)

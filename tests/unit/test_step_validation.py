@@ -65,7 +65,7 @@ class _Actor:
 @pytest.fixture
 def learner(tmp_path):
     config = config_lib.Config()
-    config.env.id, config.env.actors = ENV, 1
+    config.env.id, config.actors.count = ENV, 1
     config.learner.min_actors = 1
     config.ppo.steps_per_env, config.ppo.total_steps = T, 10**9
     config.run.progress = False

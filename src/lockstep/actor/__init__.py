@@ -15,6 +15,7 @@ import numpy as np
 
 from lockstep import envs as envs_lib
 from lockstep.common.backoff import Backoff
+from lockstep.config import ActorsConfig, EnvConfig
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.grpc.client import Connection, LearnerClosed, LearnerRefused, Misconfigured
@@ -28,8 +29,8 @@ log = logging.getLogger("lockstep.actor")
 @dataclass
 class ActorOptions:
     learner: str = "127.0.0.1:50051"  # host:port (gRPC) or unix:/path (same host, shared memory)
-    env: str = "CartPole-v1"
-    num_envs: int = 1
+    env: str = EnvConfig.id
+    envs_per_actor: int = ActorsConfig.envs_per_actor
     actor_id: int = 0
     connect_timeout: float = 60.0  # for each connection attempt
     retry_for_s: float = 300.0  # keep reconnecting this long after the learner went away (0: never)
@@ -103,7 +104,7 @@ def run(opts: ActorOptions) -> int:
     """Connect, act until the learner finishes training, reconnecting if it goes away. Returns an exit code:
     0 training finished, 1 no learner (any more), 2 the learner refused this actor or the actor's connection
     settings cannot work with it (one log line names the cause and the flag that fixes it)."""
-    vec = envs_lib.make_vector_env(opts.env, opts.num_envs)
+    vec = envs_lib.make_vector_env(opts.env, opts.envs_per_actor)
     try:
         return _run(opts, vec)
     finally:
@@ -117,8 +118,8 @@ def _run(opts: ActorOptions, vec) -> int:
     backoff = Backoff(base_s=0.5, cap_s=10.0, budget_s=opts.retry_for_s)
     name = f"actor {opts.actor_id}"
     while True:
-        hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex, num_envs=opts.num_envs,
-                         env_id=opts.env, observation_space=space_to_proto(obs_spec),
+        hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex,
+                         num_envs=opts.envs_per_actor, env_id=opts.env, observation_space=space_to_proto(obs_spec),
                          action_space=space_to_proto(act_spec))
         conn = None
         try:
@@ -126,7 +127,7 @@ def _run(opts: ActorOptions, vec) -> int:
             log.info("%s: connected to %s (learner run %s)", name, opts.learner, conn.welcome.learner_run)
             backoff.reset()
             if loop.obs is None:
-                loop.reset(envs_lib.env_seeds(conn.welcome.seed, opts.actor_id, opts.num_envs))
+                loop.reset(envs_lib.env_seeds(conn.welcome.seed, opts.actor_id, opts.envs_per_actor))
             else:
                 loop.forget_outcome()
             while True:

@@ -1,4 +1,4 @@
-"""Who starts the actors of ``lockstep train`` (``env.launcher``), and keeps them running.
+"""Who starts the actors of ``lockstep train`` (``actors.launcher``), and keeps them running.
 
 local   actor processes on this host, spawned and restarted by ``launch.ActorSupervisor``
 ray     Ray actors, placed and restarted by Ray (``launchers/ray.py``; the code inside each actor:

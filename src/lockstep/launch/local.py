@@ -1,8 +1,8 @@
-"""``lockstep train``: one learner in this process and its actors, started by the launcher ``env.launcher``
+"""``lockstep train``: one learner in this process and its actors, started by the launcher ``actors.launcher``
 names: local actor processes on loopback (here), or Ray actors (``launchers/ray.py``).
 
 Local actors are supervised: one that dies (not one that finished, nor one the
-learner refused) is restarted after a backoff, up to ``env.actor_restarts`` times.
+learner refused) is restarted after a backoff, up to ``actors.restarts`` times.
 """
 
 from __future__ import annotations
@@ -119,11 +119,11 @@ class ActorSupervisor:
 
 
 def _local_actor_address(config: Config, port: int, local_address: str | None) -> str:
-    """Where ``lockstep train``'s own actors connect: ``learner.transport`` decides, gRPC when there is no choice."""
-    if config.learner.transport == "shm":
+    """Where ``lockstep train``'s own actors connect: ``actors.transport`` decides, gRPC when there is no choice."""
+    if config.actors.transport == "shm":
         if local_address:
             return local_address
-        log.warning("learner.transport is shm, but this host has no same-host transport; local actors use gRPC")
+        log.warning("actors.transport is shm, but this host has no same-host transport; local actors use gRPC")
     return f"127.0.0.1:{port}"
 
 
@@ -139,8 +139,8 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
         run_dir, config.run.seed = ranks_run(ranks, run_dir, config.run.seed)
         config.run.run_dir = str(run_dir)
     # Ray actors always use gRPC (they may run on other hosts); a missing Ray fails here, before the learner starts.
-    ray_actors = RayActors(config, run_dir, token) if local_actors and config.env.launcher == "ray" else None
-    in_process = local_actors and ray_actors is None and config.learner.transport == "inprocess"
+    ray_actors = RayActors(config, run_dir, token) if local_actors and config.actors.launcher == "ray" else None
+    in_process = local_actors and ray_actors is None and config.actors.transport == "inprocess"
     learner = Learner(config, run_dir, token=token, resume=resume, in_process_actors=in_process, ranks=ranks,
                       parts=parts)
     if ray_actors is not None:
@@ -174,7 +174,7 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
         port = learner.wait_ready(timeout=60)
         if in_process:
             log.info("run directory %s; %d actor(s) x %d env(s) inside the learner process",
-                     run_dir, config.env.actors, config.env.envs_per_actor)
+                     run_dir, config.actors.count, config.actors.envs_per_actor)
         elif ray_actors is not None:
             supervisor = ray_actors
             ray_actors.start(port)
@@ -182,13 +182,13 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
             address = _local_actor_address(config, port, learner.local_address)
             tls = config.learner.tls_cert or None
             supervisor = ActorSupervisor(
-                [ActorOptions(learner=address, env=config.env.id, num_envs=config.env.envs_per_actor,
+                [ActorOptions(learner=address, env=config.env.id, envs_per_actor=config.actors.envs_per_actor,
                               actor_id=i, token=token, tls_ca=tls, tls_server_name="localhost" if tls else None)
-                 for i in range(config.env.actors)],
-                max_restarts=config.env.actor_restarts)
+                 for i in range(config.actors.count)],
+                max_restarts=config.actors.restarts)
             supervisor.start()
             log.info("run directory %s; %d actor(s) x %d env(s) at %s",
-                     run_dir, config.env.actors, config.env.envs_per_actor, address)
+                     run_dir, config.actors.count, config.actors.envs_per_actor, address)
         else:
             host = config.learner.listen.rsplit(":", 1)[0]
             log.info("run directory %s; start actors with: lockstep actor --learner %s:%d --env %s --actor-id N",

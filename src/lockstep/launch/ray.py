@@ -1,13 +1,13 @@
 """``lockstep train --launcher ray``: the learner in this process (Ray's driver), the actors as Ray actors.
 
-Ray places each actor (``env.ray_cpus_per_actor`` CPUs), restarts one whose worker process dies (at most
-``env.actor_restarts`` times; a restarted actor says hello with a new run id, so the learner drops its
+Ray places each actor (``actors.ray_cpus_per_actor`` CPUs), restarts one whose worker process dies (at most
+``actors.restarts`` times; a restarted actor says hello with a new run id, so the learner drops its
 unfinished unroll and counts it) and forwards the actors' log lines to this process's stderr. The actors
-reach the learner over gRPC, with its token and TLS when configured, whatever ``learner.transport`` says:
+reach the learner over gRPC, with its token and TLS when configured, whatever ``actors.transport`` says:
 a Ray actor may run on another machine.
 
 Where Ray runs
-    No address (``env.ray_address``, else ``$RAY_ADDRESS``): a Ray instance is started on this host for the
+    No address (``actors.ray_address``, else ``$RAY_ADDRESS``): a Ray instance is started on this host for the
     run and stopped after it. It advertises 127.0.0.1, starts no dashboard, sends no usage statistics, gets
     a token of its own (unless ``RAY_AUTH_*`` is set), and keeps its temporary files in a short folder under
     the temp directory (its unix sockets must fit in 107 bytes, which a run directory rarely leaves room
@@ -74,20 +74,20 @@ class RayActors:
 
     def __init__(self, config: Config, run_dir: Path, token: str | None) -> None:
         if importlib.util.find_spec("ray") is None:
-            raise ConfigError(f"env.launcher is ray, but Ray is not installed: {INSTALL}")
-        env = config.env
+            raise ConfigError(f"actors.launcher is ray, but Ray is not installed: {INSTALL}")
+        actors = config.actors
         self.config, self.run_dir, self.token = config, run_dir, token
-        self.address = env.ray_address or os.environ.get("RAY_ADDRESS", "")
+        self.address = actors.ray_address or os.environ.get("RAY_ADDRESS", "")
         if "://" in self.address:
-            raise ConfigError(f"env.ray_address {self.address!r}: Ray Client addresses are not supported; run "
+            raise ConfigError(f"actors.ray_address {self.address!r}: Ray Client addresses are not supported; run "
                               "lockstep train on a node of the cluster and give the cluster's address (HOST:6379) "
                               "or auto")
-        needed = env.actors * env.ray_cpus_per_actor
-        self.num_cpus = env.ray_num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
+        needed = actors.count * actors.ray_cpus_per_actor
+        self.num_cpus = actors.ray_num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
         if not self.address and self.num_cpus < needed:
-            raise ConfigError(f"env.ray_num_cpus={self.num_cpus} cannot place {env.actors} actors of "
-                              f"{env.ray_cpus_per_actor} CPUs each: raise env.ray_num_cpus or lower "
-                              "env.ray_cpus_per_actor")
+            raise ConfigError(f"actors.ray_num_cpus={self.num_cpus} cannot place {actors.count} actors of "
+                              f"{actors.ray_cpus_per_actor} CPUs each: raise actors.ray_num_cpus or lower "
+                              "actors.ray_cpus_per_actor")
         self.actors: list[_Actor] = []
         self._ray: Any = None
         self._own = False  # this launcher started the Ray instance (and stops it)
@@ -105,16 +105,16 @@ class RayActors:
         """Create the actors, which connect to the learner at ``port``."""
         ray = self._ray
         address = self._learner_address(port)
-        env, learner = self.config.env, self.config.learner
-        if learner.transport != "grpc":
-            log.info("learner.transport is %s, which applies to local actors; Ray actors connect over gRPC",
-                     learner.transport)
+        env, learner, actors = self.config.env, self.config.learner, self.config.actors
+        if actors.transport != "grpc":
+            log.info("actors.transport is %s, which applies to local actors; Ray actors connect over gRPC",
+                     actors.transport)
         ca = Path(learner.tls_cert).read_bytes() if learner.tls_cert else None  # the actors trust this chain
-        remote = ray.remote(num_cpus=env.ray_cpus_per_actor, max_restarts=env.actor_restarts,
+        remote = ray.remote(num_cpus=actors.ray_cpus_per_actor, max_restarts=actors.restarts,
                             max_task_retries=0)(RayActor)  # calls are not retried: `check` calls `run` again
         level = logging.getLogger().getEffectiveLevel()
-        for i in range(env.actors):
-            options = ActorOptions(learner=address, env=env.id, num_envs=env.envs_per_actor, actor_id=i,
+        for i in range(actors.count):
+            options = ActorOptions(learner=address, env=env.id, envs_per_actor=actors.envs_per_actor, actor_id=i,
                                    token=self.token, tls_server_name="localhost" if ca and self._own else None)
             actor = _Actor(i, remote.remote(options, level, ca))
             self._call(actor)
@@ -125,7 +125,7 @@ class RayActors:
                       f"{sum(1 for n in ray.nodes() if n.get('Alive'))} node(s), "
                       f"{ray.cluster_resources().get('CPU', 0):g} CPUs")
         log.info("run directory %s; %d Ray actor(s) x %d env(s) at %s, on %s",
-                 self.run_dir, env.actors, env.envs_per_actor, address, where)
+                 self.run_dir, actors.count, actors.envs_per_actor, address, where)
 
     def check(self, training: bool) -> None:
         """Note what the actors' calls answered; call ``run`` again on an actor Ray restarts while training."""
@@ -181,7 +181,7 @@ class RayActors:
             actor.died = False
             actor.restarts += 1
             log.warning("actor %d restarted by Ray (restart %d of at most %d): worker pid %d on %s",
-                        actor.actor_id, actor.restarts, self.config.env.actor_restarts, actor.pid, actor.host)
+                        actor.actor_id, actor.restarts, self.config.actors.restarts, actor.pid, actor.host)
         else:
             log.info("actor %d runs in Ray worker pid %d on %s", actor.actor_id, actor.pid, actor.host)
 
@@ -194,7 +194,7 @@ class RayActors:
                 self._ray.wait([actor.where], timeout=10.0)
                 self._answered(actor)
             reason = str(err).strip().splitlines()[0]
-            limit = self.config.env.actor_restarts
+            limit = self.config.actors.restarts
             if not actor.answered:
                 actor.gone = True
                 log.error("actor %d is gone: Ray could not %s it (%s)", actor.actor_id,
@@ -226,8 +226,8 @@ class RayActors:
             self._warned = True
             free = self._ray.available_resources().get("CPU", 0)
             log.warning("Ray has not placed actor(s) %s after %.0f s: each needs %g CPUs, the cluster has %g free "
-                        "(env.ray_cpus_per_actor)", waiting, PLACEMENT_WARNING_S,
-                        self.config.env.ray_cpus_per_actor, free)
+                        "(actors.ray_cpus_per_actor)", waiting, PLACEMENT_WARNING_S,
+                        self.config.actors.ray_cpus_per_actor, free)
 
     # -- Ray itself -------------------------------------------------------------------
 

@@ -157,7 +157,7 @@ class InPlaceBackend:
                     "and can read half-updated parameters; use strict or pipelined to train", reference.name)
         self._trainer, self._audit, self.reference = trainer, audit, reference
         self.stamps = ParameterStamps(trainer.optimizer)
-        self._pool = ThreadPoolExecutor(config.sync.inference_threads, thread_name_prefix="lockstep-infer")
+        self._pool = ThreadPoolExecutor(config.debug.inference_threads, thread_name_prefix="lockstep-infer")
         self._stats = InferenceStats()
         self._lock = threading.Lock()
         self.state_size = trainer.model.state_size

@@ -90,7 +90,7 @@ class Learner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
-        self._in_process = in_process_actors  # run env.actors actors as tasks here (learner.transport inprocess)
+        self._in_process = in_process_actors  # run actors.count actors as tasks here (actors.transport inprocess)
 
     @property
     def status(self) -> Status:
@@ -155,9 +155,9 @@ class Learner:
         self._ready.set()
         trainer.start()
         watchdog = asyncio.create_task(self.sessions.watchdog(self.config.sync.stall_s))
-        env = self.config.env  # learner.transport inprocess: the local actors run here, as tasks
-        actors = InProcessActors(self.sessions, env.id, env.envs_per_actor,
-                                 list(range(env.actors)) if self._in_process else [], env.actor_restarts)
+        env, own = self.config.env, self.config.actors  # actors.transport inprocess: the local actors run here
+        actors = InProcessActors(self.sessions, env.id, own.envs_per_actor,
+                                 list(range(own.count)) if self._in_process else [], own.restarts)
         actors.start()
         try:
             await self._stop.wait()

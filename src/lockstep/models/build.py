@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.config import MODEL_KINDS, ModelConfig
+from lockstep.config import ModelConfig, setting_of
 from lockstep.envs import SpaceSpec
 from lockstep.models.feedforward import ActorCritic, TorsoActorCritic
 from lockstep.models.networks import mlp_torso, nature_cnn, small_cnn
@@ -51,7 +51,7 @@ def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) 
             return ActorCritic(observation, action, model.hidden, model.activation, model.init_log_std)
         torso, width = mlp_torso(int(np.prod(observation.shape)), model.hidden, model.activation)
     else:
-        raise ValueError(f"unknown model.kind {kind!r}; kinds: {', '.join(MODEL_KINDS)}")
+        raise ValueError(f"unknown model.kind {kind!r}; kinds: {', '.join(setting_of('model.kind').choices)}")
     if model.lstm_size > 0:
         return RecurrentPolicy(torso, width, model.lstm_size, action, model.init_log_std, model.critic_lstm)
     return TorsoActorCritic(torso, width, action, model.init_log_std)

@@ -70,7 +70,7 @@ def test_an_in_process_actor_whose_env_raises_is_restarted_and_its_unroll_droppe
     assert summary["iterations"] > 200  # phases closed with one actor while the other was restarted
     assert summary["dropped_transitions"] > 0
     assert summary["transitions_collected"] == summary["transitions_trained"] + summary["dropped_transitions"]
-    _, _, after = caplog.text.partition("failed; restarting in")
+    _, _, after = caplog.text.partition("(in process) failed; restarting in")
     assert after and "joined" in after  # the failed actor said hello again
 
 

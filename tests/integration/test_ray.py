@@ -22,6 +22,7 @@ from conftest import lockstep_cmd
 
 from lockstep import config as config_lib
 from lockstep.launch.ray import INSTALL, RayActors
+from lockstep.launch.restart import RestartPolicy
 from lockstep.observe.run_dir import RunDir
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason=f"Ray is not installed ({INSTALL})")
@@ -147,7 +148,7 @@ def test_without_ray_the_launcher_names_the_line_that_installs_it(tmp_path, monk
     config = config_lib.Config()
     config.actors.launcher = "ray"
     with pytest.raises(config_lib.ConfigError, match=re.escape("pip install -e '.[ray]'")):
-        RayActors(config, tmp_path, token=None)
+        RayActors(config, tmp_path, None, RestartPolicy(10))
 
 
 @needs_ray
@@ -156,4 +157,4 @@ def test_a_ray_instance_too_small_for_the_actors_is_refused_before_anything_star
     config = config_lib.Config()
     config.actors.count, config.actors.ray_num_cpus, config.actors.ray_cpus_per_actor = 4, 2, 1.0
     with pytest.raises(config_lib.ConfigError, match="cannot place 4 actors"):
-        RayActors(config, tmp_path, token=None)
+        RayActors(config, tmp_path, None, RestartPolicy(10))

@@ -1,4 +1,5 @@
-"""``ActorSupervisor`` with real spawned actor processes: what it restarts, what it leaves alone, and how often.
+"""``ActorProcesses`` and its ``RestartPolicy`` with real spawned actor processes: what it restarts,
+what it leaves alone, and how often.
 
 Actors that must stay alive connect to a TCP socket that accepts connections and never answers:
 each accepted connection shows a live actor, which then waits for a welcome that never comes.
@@ -17,7 +18,8 @@ import pytest
 
 from lockstep.actor import ActorOptions
 from lockstep.config import Config
-from lockstep.launch.local import ActorSupervisor
+from lockstep.launch.processes import ActorProcesses
+from lockstep.launch.restart import RestartPolicy
 from lockstep.learner.wiring import Learner
 
 BACKOFF_S = 0.05
@@ -31,16 +33,16 @@ def wait_for(condition, timeout: float = 30.0, every: float = 0.02) -> None:
         time.sleep(every)
 
 
-def kill(supervisor: ActorSupervisor, index: int = 0) -> int:
+def kill(supervisor: ActorProcesses, index: int = 0) -> int:
     """SIGKILL one actor process and wait until it is gone; returns its pid."""
-    proc = supervisor.actors[index].process
+    proc = supervisor.actors[index].handle
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(timeout=10)
     assert proc.exitcode == -signal.SIGKILL
     return proc.pid
 
 
-def check_until_restarted(supervisor: ActorSupervisor, restarts: int) -> None:
+def check_until_restarted(supervisor: ActorProcesses, restarts: int) -> None:
     """Call ``check(training=True)`` as the training loop does, until ``restarts`` restarts happened."""
     def restarted() -> bool:
         supervisor.check(training=True)
@@ -79,10 +81,10 @@ def supervise(silent):
     """Start a supervisor of ``n`` actors connecting to the silent port; wait until each one connects."""
     supervisors = []
 
-    def make(max_restarts: int, n: int = 1) -> ActorSupervisor:
+    def make(max_restarts: int, n: int = 1) -> ActorProcesses:
         options = [ActorOptions(learner=silent.address, actor_id=i, connect_timeout=60.0, retry_for_s=60.0)
                    for i in range(n)]
-        supervisor = ActorSupervisor(options, max_restarts=max_restarts, backoff_s=BACKOFF_S, max_backoff_s=1.0)
+        supervisor = ActorProcesses(options, RestartPolicy(max_restarts, backoff_s=BACKOFF_S, max_backoff_s=1.0))
         supervisors.append(supervisor)
         supervisor.start()
         for _ in range(n):
@@ -103,12 +105,12 @@ def test_actor_killed_with_sigkill_is_restarted_after_the_backoff(supervise, sil
     started = time.monotonic()
     check_until_restarted(supervisor, 1)
     assert time.monotonic() - started >= BACKOFF_S * 0.9
-    proc = supervisor.actors[0].process
+    proc = supervisor.actors[0].handle
     assert proc.is_alive() and proc.pid != first
     assert supervisor.pids() == [proc.pid]
     silent.wait_for_actor()  # the new process is an actor that connects again
     supervisor.check(training=True)  # a live actor is left alone
-    assert supervisor.restarts == 1 and supervisor.actors[0].process is proc
+    assert supervisor.restarts == 1 and supervisor.actors[0].handle is proc
 
 
 def test_actor_that_dies_after_training_is_not_restarted(supervise):
@@ -130,7 +132,7 @@ def test_restart_limit_is_respected(supervise, silent):
         supervisor.check(training=True)
         time.sleep(BACKOFF_S * 2)  # longer than the second backoff (0.1 s) would have been
     assert supervisor.restarts == 1
-    assert supervisor.actors[0].process is None and supervisor.actors[0].restart_at is None
+    assert supervisor.actors[0].handle is None and supervisor.actors[0].restart_at is None
     assert supervisor.all_exited() and supervisor.pids() == []
 
 
@@ -139,7 +141,7 @@ def test_restarts_are_counted_over_all_actors(supervise):
     kill(supervisor, 0)
     kill(supervisor, 1)
     check_until_restarted(supervisor, 2)
-    assert [a.restarts for a in supervisor.actors] == [1, 1]
+    assert [supervisor.policy.restarts_of(a.actor_id) for a in supervisor.actors] == [1, 1]
     assert len(supervisor.pids()) == 2
 
 
@@ -165,11 +167,11 @@ def learner(tmp_path):
     thread.join(timeout=30)
 
 
-def supervise_until_exit(options: ActorOptions) -> ActorSupervisor:
-    supervisor = ActorSupervisor([options], max_restarts=3, backoff_s=BACKOFF_S, max_backoff_s=1.0)
+def supervise_until_exit(options: ActorOptions) -> ActorProcesses:
+    supervisor = ActorProcesses([options], RestartPolicy(3, backoff_s=BACKOFF_S, max_backoff_s=1.0))
     supervisor.start()
     try:
-        supervisor.actors[0].process.join(timeout=60)
+        supervisor.actors[0].handle.join(timeout=60)
         for _ in range(5):
             supervisor.check(training=True)
             time.sleep(BACKOFF_S * 2)
@@ -181,11 +183,11 @@ def supervise_until_exit(options: ActorOptions) -> ActorSupervisor:
 def test_actor_refused_by_the_learner_or_finished_is_not_restarted(learner):
     address, outcome = learner
     refused = supervise_until_exit(ActorOptions(learner=address, token="wrong", retry_for_s=60.0))
-    assert refused.actors[0].process.exitcode == 2
+    assert refused.actors[0].handle.exitcode == 2
     assert refused.restarts == 0 and refused.all_exited()
 
     finished = supervise_until_exit(ActorOptions(learner=address, envs_per_actor=1, token=TOKEN, retry_for_s=60.0))
-    assert finished.actors[0].process.exitcode == 0
+    assert finished.actors[0].handle.exitcode == 0
     assert finished.restarts == 0 and finished.all_exited()
     wait_for(lambda: "summary" in outcome)
     assert outcome["summary"]["env_steps"] == 8

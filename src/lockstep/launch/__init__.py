@@ -1,24 +1,38 @@
-"""Who starts the actors of ``lockstep train`` (``actors.launcher``), and keeps them running.
+"""Who starts the actors of ``lockstep train``, and keeps them running: one ``Launcher`` interface.
 
-local   actor processes on this host, spawned and restarted by ``launch.ActorSupervisor``
-ray     Ray actors, placed and restarted by Ray (``launchers/ray.py``; the code inside each actor:
-        ``launchers/ray_actor.py``, which imports no torch)
+processes   actor processes on this host, spawned and restarted here (``launch/processes.py``)
+inprocess   env loops as tasks on the learner's event loop, ``actors.transport: inprocess``
+            (``launch/inprocess.py``; the transport itself: ``transport/inprocess.py``)
+ray         Ray actors, placed and restarted by Ray (``launch/ray.py``; the code inside each actor:
+            ``launch/ray_actor.py``, which imports no torch), ``actors.launcher: ray``
 
-The learner runs in the ``lockstep train`` process either way, and ``launch.train`` drives a launcher
-through the few calls of ``Launcher``.
+One ``RestartPolicy`` (``launch/restart.py``) decides for all of them when a dead actor is restarted.
+The learner runs in the ``lockstep train`` process whichever launcher runs, and never starts actors
+itself: ``launch.local.train`` drives the launcher through the calls of ``Launcher``. Under torchrun
+each rank is one such process, with its own learner and its own launcher.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from lockstep.learner.wiring import Learner
 
 
 class Launcher(Protocol):
-    """The actors of one run, as ``launch.train`` sees them once they are started."""
+    """The actors of one run, as ``launch.local.train`` drives them."""
 
     @property
     def restarts(self) -> int:
         """Restarts of dead actors so far (summary.json: ``actor_restarts``)."""
+
+    def prepare(self) -> None:
+        """Called once the learner is built, before it serves (Ray starts here: ``ray.init`` forks, and
+        gRPC's threads do not survive a fork)."""
+
+    def start(self, learner: Learner) -> None:
+        """Start the actors of ``learner``, which listens (its port, its same-host address, its loop)."""
 
     def check(self, training: bool) -> None:
         """Called a few times a second: notice dead actors, and have them restarted while ``training``."""
@@ -27,4 +41,5 @@ class Launcher(Protocol):
         """Every actor has ended (finished, refused, or dead for good) and none is due to restart."""
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Wait up to ``grace_s`` for the actors to end on their own (training is over), then end the rest."""
+        """Wait up to ``grace_s`` for the actors to end on their own (training is over), then end the rest;
+        safe to call when ``start`` was not."""

@@ -2,7 +2,8 @@
 
 Ray places each actor (``actors.ray_cpus_per_actor`` CPUs), restarts one whose worker process dies (at most
 ``actors.restarts`` times; a restarted actor says hello with a new run id, so the learner drops its
-unfinished unroll and counts it) and forwards the actors' log lines to this process's stderr. The actors
+unfinished unroll and counts it) and forwards the actors' log lines to this process's stderr. Whether,
+and when, an actor's loop runs again is the ``RestartPolicy``'s call, as for every launcher. The actors
 reach the learner over gRPC, with its token and TLS when configured, whatever ``actors.transport`` says:
 a Ray actor may run on another machine.
 
@@ -17,9 +18,10 @@ Where Ray runs
 
 Restarts
     A Ray actor runs its calls in order. The driver calls ``where`` and then ``run``; when a worker dies,
-    ``run`` fails, and while training goes on the driver calls ``where`` and ``run`` again: both wait for
-    Ray's restart. ``where`` answering counts one restart; ``where`` failing means Ray could not bring the
-    actor back (its restarts are spent, or it cannot start), and the actor is gone for good.
+    ``run`` fails (or returns an exit code a restart can help), and when the policy says so the driver
+    calls ``where`` and ``run`` again after its backoff: both wait for Ray's restart of a dead worker.
+    ``where`` answering counts one restart; ``where`` failing means Ray could not bring the actor back
+    (its restarts are spent, or it cannot start), and the actor is gone for good.
 """
 
 from __future__ import annotations
@@ -36,12 +38,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lockstep.actor import ActorOptions
 from lockstep.config import Config, ConfigError
 from lockstep.launch.ray_actor import RayActor
+from lockstep.launch.restart import FINISHED, REFUSED, RestartPolicy
 from lockstep.transport.grpc import security
+
+if TYPE_CHECKING:
+    from lockstep.learner.wiring import Learner
 
 log = logging.getLogger("lockstep.train")
 
@@ -60,23 +66,23 @@ class _Actor:
     where: Any = None  # the pending `where` call
     run: Any = None  # the pending `run` call
     answered: bool = False  # `where` answered since the last `run` was called
-    died: bool = False  # the last `run` failed: the next answer to `where` is a restart
+    again: bool = False  # `run` ended and was called again: the next answer to `where` is a restart
+    died: bool = False  # ... of a worker that died (Ray restarted it), not of one whose loop returned
     pid: int | None = None
     host: str = ""
-    restarts: int = 0
-    gone: bool = False  # returned from `run`, or dead for good
+    restart_at: float | None = None  # when `where` and `run` are due to be called again
+    gone: bool = False  # returned from `run` for good, or dead for good
 
 
 class RayActors:
-    """The actors of one run on Ray: ``connect``, ``start``, then ``check`` while the learner trains, then
-    ``stop``. ``check``, ``all_exited``, ``restarts`` and ``stop`` mean what they mean for
-    ``launch.ActorSupervisor``."""
+    """The actors of one run on Ray, a ``Launcher``: ``prepare`` (start or join Ray), ``start``, then
+    ``check`` while the learner trains, then ``stop``."""
 
-    def __init__(self, config: Config, run_dir: Path, token: str | None) -> None:
+    def __init__(self, config: Config, run_dir: Path, token: str | None, policy: RestartPolicy) -> None:
         if importlib.util.find_spec("ray") is None:
             raise ConfigError(f"actors.launcher is ray, but Ray is not installed: {INSTALL}")
         actors = config.actors
-        self.config, self.run_dir, self.token = config, run_dir, token
+        self.config, self.run_dir, self.token, self.policy = config, run_dir, token, policy
         self.address = actors.ray_address or os.environ.get("RAY_ADDRESS", "")
         if "://" in self.address:
             raise ConfigError(f"actors.ray_address {self.address!r}: Ray Client addresses are not supported; run "
@@ -99,12 +105,12 @@ class RayActors:
 
     @property
     def restarts(self) -> int:
-        return sum(a.restarts for a in self.actors)
+        return self.policy.restarts
 
-    def start(self, port: int) -> None:
-        """Create the actors, which connect to the learner at ``port``."""
+    def start(self, learner: Learner) -> None:
+        """Create the actors, which connect to the learner's gRPC port."""
         ray = self._ray
-        address = self._learner_address(port)
+        address = self._learner_address(learner.port)
         env, learner, actors = self.config.env, self.config.learner, self.config.actors
         if actors.transport != "grpc":
             log.info("actors.transport is %s, which applies to local actors; Ray actors connect over gRPC",
@@ -124,11 +130,18 @@ class RayActors:
                  else f"the Ray cluster at {ray.get_runtime_context().gcs_address}: "
                       f"{sum(1 for n in ray.nodes() if n.get('Alive'))} node(s), "
                       f"{ray.cluster_resources().get('CPU', 0):g} CPUs")
-        log.info("run directory %s; %d Ray actor(s) x %d env(s) at %s, on %s",
-                 self.run_dir, actors.count, actors.envs_per_actor, address, where)
+        log.info("%d Ray actor(s) x %d env(s) at %s, on %s", actors.count, actors.envs_per_actor, address, where)
 
     def check(self, training: bool) -> None:
-        """Note what the actors' calls answered; call ``run`` again on an actor Ray restarts while training."""
+        """Note what the actors' calls answered; call ``where`` and ``run`` again on an actor due to restart."""
+        now = time.monotonic()
+        for actor in self.actors:
+            if actor.restart_at is not None and (now >= actor.restart_at or not training):
+                actor.restart_at = None
+                if training:
+                    self._call(actor)
+                else:
+                    actor.gone = True
         pending = [ref for a in self.actors if not a.gone for ref in (a.where, a.run) if ref is not None]
         if not pending:
             return
@@ -144,10 +157,17 @@ class RayActors:
     def all_exited(self) -> bool:
         return all(a.gone for a in self.actors)
 
+    def prepare(self) -> None:
+        """Start a Ray instance on this host, or join the cluster at the address (``connect``)."""
+        self.connect()
+
     def stop(self, grace_s: float = 5.0) -> None:
         """Give the actors ``grace_s`` to return from ``run`` (training is over), then kill them; stop the
         Ray instance started here, or disconnect from the cluster."""
         ray = self._ray
+        for actor in self.actors:
+            if actor.restart_at is not None:
+                actor.restart_at, actor.gone = None, True
         try:
             if ray is not None:
                 pending = [a.run for a in self.actors if a.run is not None and not a.gone]
@@ -177,11 +197,12 @@ class RayActors:
         except self._ray.exceptions.RayActorError:
             return  # it did not come back: its `run` fails too, and `_returned` says so
         actor.answered = True
-        if actor.died:
-            actor.died = False
-            actor.restarts += 1
-            log.warning("actor %d restarted by Ray (restart %d of at most %d): worker pid %d on %s",
-                        actor.actor_id, actor.restarts, self.config.actors.restarts, actor.pid, actor.host)
+        if actor.again:
+            count = self.policy.restarted(actor.actor_id)
+            log.warning("actor %d %s (restart %d of at most %d): worker pid %d on %s", actor.actor_id,
+                        "restarted by Ray" if actor.died else "runs again", count, self.policy.max_restarts,
+                        actor.pid, actor.host)
+            actor.again = actor.died = False
         else:
             log.info("actor %d runs in Ray worker pid %d on %s", actor.actor_id, actor.pid, actor.host)
 
@@ -194,29 +215,23 @@ class RayActors:
                 self._ray.wait([actor.where], timeout=10.0)
                 self._answered(actor)
             reason = str(err).strip().splitlines()[0]
-            limit = self.config.actors.restarts
             if not actor.answered:
                 actor.gone = True
                 log.error("actor %d is gone: Ray could not %s it (%s)", actor.actor_id,
-                          "restart" if actor.died else "start", reason)
-            elif not training:
-                actor.gone = True
-            elif actor.restarts >= limit:
-                actor.gone = True
-                log.error("actor %d died (worker pid %s on %s) and has used its %d restarts: %s",
-                          actor.actor_id, actor.pid, actor.host, limit, reason)
-            else:
-                actor.died = True
-                log.warning("actor %d died (worker pid %s on %s): %s; Ray restarts it",
-                            actor.actor_id, actor.pid, actor.host, reason)
-                self._call(actor)
-            return
-        actor.gone = True
-        if code == 0:
-            log.info("actor %d finished", actor.actor_id)
+                          "restart" if actor.again else "start", reason)
+                return
+            code, died, cause = None, True, f"died (worker pid {actor.pid} on {actor.host}): {reason}"
         else:
-            log.error("actor %d exited with code %d (1: no learner; 2: refused, see its log above)",
-                      actor.actor_id, code)
+            died, cause = False, f"exited with code {code} (1: no learner; 2: refused, see its log above)"
+            if code == FINISHED:
+                log.info("actor %d finished", actor.actor_id)
+        delay = self.policy.delay(actor.actor_id, code, cause, training)
+        if delay is None:
+            actor.gone = True
+            if code == REFUSED or (code not in (None, FINISHED) and not training):  # else the policy said why
+                log.error("actor %d %s", actor.actor_id, cause)
+            return
+        actor.again, actor.died, actor.restart_at = True, died, time.monotonic() + delay
 
     def _warn_unplaced(self) -> None:
         if self._warned or time.monotonic() - self._started < PLACEMENT_WARNING_S:

@@ -3,6 +3,8 @@
 Threads
     event loop   the gRPC and same-host servers (one Sessions for both), every actor session, the
                  gate's admissions and the backend's inference. Held requests are awaited futures here.
+                 A launcher may run coroutines here too (``run_on_loop``: in-process env loops); the
+                 learner itself starts no actor.
     trainer      trains closed phases in order, writes the row and the checkpoint, publishes the next version.
     inference    in-place backend only: a small pool for its forward passes.
 
@@ -15,9 +17,11 @@ What may be put in from outside (the benchmarks' parts) is ``learner.parts``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import threading
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,6 @@ from lockstep.observe.progress import Status
 from lockstep.observe.report import Clock, Report
 from lockstep.transport.grpc import security
 from lockstep.transport.grpc.server import LearnerServer
-from lockstep.transport.inprocess import InProcessActors
 from lockstep.transport.protocol import Welcome
 from lockstep.transport.shm import server as shm
 
@@ -49,7 +52,7 @@ log = logging.getLogger("lockstep.learner.wiring")
 
 class Learner:
     def __init__(self, config: Config, run_dir: Path, token: str | None = None, resume: bool = False,
-                 in_process_actors: bool = False, ranks: Ranks | None = None, parts: Parts = DEFAULT_PARTS) -> None:
+                 ranks: Ranks | None = None, parts: Parts = DEFAULT_PARTS) -> None:
         config.validate()
         security.check_server(config.learner.listen, token, config.learner.tls_cert, config.learner.tls_key)
         self.token = token  # never written to the run directory
@@ -90,7 +93,7 @@ class Learner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
-        self._in_process = in_process_actors  # run actors.count actors as tasks here (actors.transport inprocess)
+        self._guests: set[asyncio.Task] = set()  # what run_on_loop runs; cancelled when serving ends
 
     @property
     def status(self) -> Status:
@@ -127,6 +130,23 @@ class Learner:
             raise RuntimeError(f"the learner failed to start: {self.error}")
         return self.port
 
+    def run_on_loop(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+        """Run ``coro`` as a task of the learner's event loop (thread-safe, once ``wait_ready`` returned);
+        a task still running when the learner stops serving is cancelled, before the sessions finish."""
+        if self._loop is None or self._loop.is_closed():
+            coro.close()
+            raise RuntimeError("the learner is not serving: run_on_loop needs wait_ready() to have returned")
+
+        async def guest() -> Any:
+            task = asyncio.current_task()
+            self._guests.add(task)
+            try:
+                return await coro
+            finally:
+                self._guests.discard(task)
+
+        return asyncio.run_coroutine_threadsafe(guest(), self._loop)
+
     def stop(self) -> None:
         """Ask a running learner to finish (thread-safe)."""
         loop = self._loop
@@ -155,15 +175,14 @@ class Learner:
         self._ready.set()
         trainer.start()
         watchdog = asyncio.create_task(self.sessions.watchdog(self.config.sync.stall_s))
-        env, own = self.config.env, self.config.actors  # actors.transport inprocess: the local actors run here
-        actors = InProcessActors(self.sessions, env.id, own.envs_per_actor,
-                                 list(range(own.count)) if self._in_process else [], own.restarts)
-        actors.start()
         try:
             await self._stop.wait()
         finally:
             watchdog.cancel()
-            await actors.stop()
+            guests = set(self._guests)
+            for task in guests:
+                task.cancel()
+            await asyncio.gather(*guests, return_exceptions=True)
             self.sessions.finish()
             await asyncio.gather(server.stop(grace=2.0), local.stop(grace=2.0))
 

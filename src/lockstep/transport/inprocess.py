@@ -1,89 +1,77 @@
-"""In-process actors: an actor's env loop as a task on the learner's own event loop.
+"""The in-process transport: an actor's env loop on the learner's own event loop, with no wire at all.
 
 The same-host option for cheap environments at a handful of envs per actor, where even
 a shared-memory round trip (a process wake-up on each side) costs more than the env
-step itself. Each actor speaks the same session protocol as a remote one (hello checks,
-steps validated by ``messages.check_step``, the gate, the version stamps), with no
-serialization and no other process: stepping is on the event loop's thread, between
-the forward passes it waits for. Slow environments belong in actor processes.
+step itself. The actor speaks the same session protocol as a remote one, through the same
+connection loop (``connection.serve_connection``; ``InProcessFraming`` is its framing, made
+of direct calls): hello checks, steps validated by ``messages.check_step``, the gate, the
+version stamps. Stepping is on the event loop's thread, between the forward passes it waits
+for; slow environments belong in actor processes.
 
-An actor task that fails (its environment raised) ends its session like a dead actor
-process (its unfinished unroll is dropped and counted) and is restarted after a backoff,
-at most ``max_restarts`` times.
+Who starts these actors, and restarts one whose env raised: ``launch.inprocess``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator
 
 from lockstep import envs as envs_lib
 from lockstep.actor import EnvLoop
-from lockstep.common.backoff import Backoff
 from lockstep.transport import PROTOCOL
-from lockstep.transport.messages import HelloInfo, check_step
-from lockstep.transport.protocol import ActorHandler, Refused
+from lockstep.transport.connection import CodecClock, send_connection
+from lockstep.transport.messages import HelloInfo, StepData, check_step
+from lockstep.transport.protocol import ActorHandler, RefusalLog, Refused, Reply, Welcome
 
 log = logging.getLogger("lockstep.actor")
 
 
-class InProcessActors:
-    """Actors ``actor_ids`` with ``num_envs`` envs of ``env_id`` each, run as tasks of the current event loop."""
+class InProcessFraming:
+    """One actor's vector env as a ``connection.Framing``: the hello describes the env, a step is the env
+    loop's outcome, a reply steps the envs, and a refusal is raised (as ``Refused``) to whoever runs it."""
 
-    def __init__(self, handler: ActorHandler, env_id: str, num_envs: int, actor_ids: list[int],
-                 max_restarts: int = 10) -> None:
-        self.handler, self.env_id, self.num_envs = handler, env_id, num_envs
-        self.actor_ids, self.max_restarts = actor_ids, max_restarts
-        self.restarts = 0
-        self._tasks: list[asyncio.Task] = []
+    def __init__(self, env_id: str, num_envs: int, actor_id: int) -> None:
+        self.peer = f"actor {actor_id} (in process)"
+        self.env_id, self.num_envs, self.actor_id = env_id, num_envs, actor_id
+        self._vec = envs_lib.make_vector_env(env_id, num_envs)
+        self._obs_spec = envs_lib.SpaceSpec.from_space(self._vec.single_observation_space)
+        self._act_spec = envs_lib.SpaceSpec.from_space(self._vec.single_action_space)
+        self._loop = EnvLoop(self._vec, self._act_spec)
 
-    def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._supervise(a), name=f"lockstep-actor-{a}") for a in self.actor_ids]
+    async def hello(self) -> HelloInfo:
+        return HelloInfo(protocol=PROTOCOL, actor_id=self.actor_id, run_id=uuid.uuid4().hex, num_envs=self.num_envs,
+                         env_id=self.env_id, observation=self._obs_spec, action=self._act_spec)
 
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    def welcome(self, hello: HelloInfo, welcome: Welcome) -> None:
+        self._loop.reset(envs_lib.env_seeds(welcome.seed, self.actor_id, self.num_envs))
 
-    async def _supervise(self, actor_id: int) -> None:
-        backoff = Backoff(base_s=1.0, cap_s=30.0, jitter=False)
+    @property
+    async def incoming(self) -> AsyncIterator[StepData]:
         while True:
-            try:
-                await self._run(actor_id)
-                return  # training is over
-            except Refused as err:
-                log.error("actor %d (in process): the learner refused it: %s", actor_id, err)
-                return
-            except Exception:  # an env that raises must not take the learner down
-                if self.restarts >= self.max_restarts:
-                    log.exception("actor %d (in process) failed and has used the run's %d restarts",
-                                  actor_id, self.max_restarts)
-                    return
-                self.restarts += 1
-                delay = backoff.delay()
-                log.exception("actor %d (in process) failed; restarting in %.1f s", actor_id, delay)
-                await asyncio.sleep(delay)
+            yield self._loop.outcome()
 
-    async def _run(self, actor_id: int) -> None:
-        vec = envs_lib.make_vector_env(self.env_id, self.num_envs)
-        session = None
-        try:
-            obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space)
-            act_spec = envs_lib.SpaceSpec.from_space(vec.single_action_space)
-            hello = HelloInfo(protocol=PROTOCOL, actor_id=actor_id, run_id=uuid.uuid4().hex, num_envs=self.num_envs,
-                              env_id=self.env_id, observation=obs_spec, action=act_spec)
-            session, welcome = self.handler.connect(hello)
-            loop = EnvLoop(vec, act_spec)
-            loop.reset(envs_lib.env_seeds(welcome.seed, actor_id, self.num_envs))
-            while True:
-                data = check_step(loop.outcome(), self.num_envs, obs_spec)
-                reply = await session.step(data)
-                if reply is None:
-                    return
-                if reply.actions is not None:  # None: an in-place strategy's "no action, send it again"
-                    loop.step(reply.actions)
-        finally:
-            if session is not None:
-                session.close()
-            vec.close()
+    def decode(self, data: StepData, hello: HelloInfo) -> StepData:
+        return check_step(data, hello.num_envs, hello.observation)
+
+    def reply(self, reply: Reply) -> Reply:
+        return reply
+
+    def over(self) -> None:
+        return None
+
+    async def send(self, message: Reply | None) -> None:
+        if message is not None and message.actions is not None:  # None: an in-place strategy's "send it again"
+            self._loop.step(message.actions)
+
+    async def refuse(self, code: str, message: str) -> None:
+        raise Refused(code, message)
+
+    def close(self) -> None:
+        self._vec.close()
+
+
+async def serve_env_loop(handler: ActorHandler, env_id: str, num_envs: int, actor_id: int,
+                         refusals: RefusalLog) -> None:
+    """Run one in-process actor until training is over; raises ``Refused``, or what its env raised."""
+    await send_connection(InProcessFraming(env_id, num_envs, actor_id), handler, refusals, CodecClock())

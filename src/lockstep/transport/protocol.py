@@ -1,7 +1,7 @@
 """What a transport asks of the learner, and what it gets back: the same for every transport.
 
-A transport (gRPC today) decodes and validates an actor's messages, then hands
-them to the learner through these two protocols. Refusals are named with
+A transport (gRPC, shared memory, in-process) decodes and validates an actor's messages,
+then hands them to the learner through these two protocols (``connection.serve_connection``). Refusals are named with
 gRPC-style status names so every transport can report them the same way.
 """
 
@@ -21,6 +21,7 @@ FAILED_PRECONDITION = "FAILED_PRECONDITION"  # the request is well-formed but no
 ALREADY_EXISTS = "ALREADY_EXISTS"
 UNAVAILABLE = "UNAVAILABLE"  # training is over
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # a message over the size limit
+UNAUTHENTICATED = "UNAUTHENTICATED"  # no token, or the wrong one
 
 
 class Refused(Exception):

@@ -1,24 +1,34 @@
 """The learner's gRPC server (grpc.aio): one bidirectional stream per actor.
 
 A held request is an awaited future inside the stream's coroutine, so holding
-any number of requests costs no thread. The server only decodes and validates;
-what to do with a step is the ``ActorHandler``'s business.
+any number of requests costs no thread. The server only decodes and validates
+(``GrpcFraming``, served by ``connection.serve_connection``); what to do with a
+step is the ``ActorHandler``'s business.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, SERVICE
 from lockstep.transport import lockstep_pb2 as pb
-from lockstep.transport.codec import CodecError, encode
+from lockstep.transport.codec import encode
+from lockstep.transport.connection import CodecClock, serve_connection
 from lockstep.transport.grpc import security
-from lockstep.transport.messages import hello_from_proto, step_from_proto
-from lockstep.transport.protocol import ActorHandler, RefusalLog, Refused
+from lockstep.transport.messages import HelloInfo, StepData, hello_from_proto, step_from_proto
+from lockstep.transport.protocol import (
+    FAILED_PRECONDITION,
+    INVALID_ARGUMENT,
+    UNAUTHENTICATED,
+    ActorHandler,
+    RefusalLog,
+    Refused,
+    Reply,
+    Welcome,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +63,58 @@ def _kind(msg) -> str | None:
     return None if isinstance(msg, _Malformed) else msg.WhichOneof("kind")
 
 
+class GrpcFraming:
+    """One actor's stream as a ``connection.Framing``: protobuf messages in, ``pb.LearnerMessage`` out."""
+
+    def __init__(self, requests, context: grpc.aio.ServicerContext, token: str | None, sanitize: bool) -> None:
+        self.peer = context.peer()
+        self.incoming = requests
+        self._context, self._token, self._sanitize = context, token, sanitize
+        self._who = self.peer
+
+    async def hello(self) -> HelloInfo | None:
+        if self._token is not None:
+            problem = security.authorized(self._context.invocation_metadata(), self._token)
+            if problem:
+                raise Refused(UNAUTHENTICATED, problem)
+        first = await anext(self.incoming, None)
+        if first is None:
+            return None
+        if _kind(first) != "hello":
+            got = "bytes that are not a protobuf message" if isinstance(first, _Malformed) else (
+                _kind(first) or "an empty message")
+            raise Refused(FAILED_PRECONDITION, f"the first message must be a hello, got {got}")
+        hello = hello_from_proto(first.hello)
+        self._who = f"actor {hello.actor_id}"
+        return hello
+
+    def welcome(self, hello: HelloInfo, welcome: Welcome) -> pb.LearnerMessage:
+        return pb.LearnerMessage(welcome=pb.Welcome(seed=welcome.seed, learner_run=welcome.learner_run))
+
+    def decode(self, msg, hello: HelloInfo) -> StepData:
+        if isinstance(msg, _Malformed):
+            raise Refused(INVALID_ARGUMENT,
+                          f"{self._who}: a message that is not a valid ActorMessage protobuf ({msg.error})")
+        if msg.WhichOneof("kind") != "step":
+            raise Refused(FAILED_PRECONDITION,
+                          f"{self._who}: expected a step, got {msg.WhichOneof('kind') or 'an empty message'}")
+        return step_from_proto(msg.step, hello.num_envs, hello.observation, self._sanitize)
+
+    def reply(self, reply: Reply) -> pb.LearnerMessage:
+        if reply.actions is None:
+            return pb.LearnerMessage(action=pb.Action(policy_version=reply.version, retry=True))
+        return pb.LearnerMessage(action=pb.Action(action=encode(reply.actions), policy_version=reply.version))
+
+    def over(self) -> None:
+        return None  # the stream ends with OK
+
+    async def refuse(self, code: str, message: str) -> None:
+        await self._context.abort(grpc.StatusCode[code], message)
+
+    def close(self) -> None:
+        pass  # grpc.aio owns the stream
+
+
 class LearnerServer:
     """Serves actor streams for an ``ActorHandler``.
 
@@ -76,9 +138,14 @@ class LearnerServer:
             response_serializer=pb.LearnerMessage.SerializeToString,
         )
         self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {"Connect": rpc})])
-        self._log_refusal = RefusalLog(log)
+        self._refusals = RefusalLog(log)
+        self._codec = CodecClock()
         self.port: int | None = None
-        self.codec_s = 0.0  # decoding steps and encoding actions, for the learner's time split
+
+    @property
+    def codec_s(self) -> float:
+        """Decoding steps and encoding actions, for the learner's time split."""
+        return self._codec.seconds
 
     async def start(self) -> int:
         if self._credentials is not None:
@@ -93,63 +160,9 @@ class LearnerServer:
     async def stop(self, grace: float | None = 1.0) -> None:
         await self._server.stop(grace)
 
-    async def _refuse(self, context, code: grpc.StatusCode, message: str, who: str) -> None:
-        """End the stream with ``code``; log each kind of refusal once per peer."""
-        self._log_refusal(who, code.name, message)
-        await context.abort(code, message)
-
     async def _connect(self, requests, context: grpc.aio.ServicerContext):
-        """One actor's stream, as an async generator of replies (cheaper per message than context.write)."""
-        peer = context.peer()
-        if self._token is not None:
-            problem = security.authorized(context.invocation_metadata(), self._token)
-            if problem:
-                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, problem, peer)
-        first = await anext(requests, None)
-        if first is None:
-            return
-        if _kind(first) != "hello":
-            got = "bytes that are not a protobuf message" if isinstance(first, _Malformed) else (
-                _kind(first) or "an empty message")
-            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
-                               f"the first message must be a hello, got {got}", peer)
-        try:
-            hello = hello_from_proto(first.hello)
-            session, welcome = self._handler.connect(hello)
-        except CodecError as err:
-            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"hello: {err}", peer)
-        except Refused as err:
-            await self._refuse(context, grpc.StatusCode[err.code], str(err), peer)
-        who = f"actor {hello.actor_id}"
-        try:
-            yield pb.LearnerMessage(welcome=pb.Welcome(seed=welcome.seed, learner_run=welcome.learner_run))
-            async for msg in requests:
-                if isinstance(msg, _Malformed):
-                    await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
-                                       f"{who}: a message that is not a valid ActorMessage protobuf ({msg.error})", who)
-                if msg.WhichOneof("kind") != "step":
-                    await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
-                                       f"{who}: expected a step, got {msg.WhichOneof('kind') or 'an empty message'}",
-                                       who)
-                start = time.perf_counter()
-                try:
-                    data = step_from_proto(msg.step, hello.num_envs, hello.observation, self._sanitize)
-                except CodecError as err:
-                    await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"{who}: {err}", who)
-                self.codec_s += time.perf_counter() - start
-                try:
-                    reply = await session.step(data)
-                except Refused as err:
-                    await self._refuse(context, grpc.StatusCode[err.code], str(err), who)
-                if reply is None:
-                    return
-                start = time.perf_counter()
-                if reply.actions is None:
-                    action = pb.Action(policy_version=reply.version, retry=True)
-                else:
-                    action = pb.Action(action=encode(reply.actions), policy_version=reply.version)
-                message = pb.LearnerMessage(action=action)
-                self.codec_s += time.perf_counter() - start
-                yield message
-        finally:
-            session.close()
+        """One actor's stream, as an async generator of replies (grpc.aio serves only a generator
+        function's stream this way)."""
+        framing = GrpcFraming(requests, context, self._token, self._sanitize)
+        async for message in serve_connection(framing, self._handler, self._refusals, self._codec):
+            yield message

@@ -6,9 +6,10 @@ frames, and who writes which field when); the socket carries the hello, the welc
 region's file descriptor, and one 12-byte frame per step and per reply. Arrays are never
 serialized, and nothing is polled: the event loop wakes on the socket.
 
-It serves the same ``ActorHandler`` as the gRPC server (``server.py``), with the same checks: the
-hello and its protocol version, every step validated by ``messages.check_step`` after it has been
-copied out of the region, refusals with the same codes. A connection's end (EOF, reset, the actor
+It serves the same ``ActorHandler`` as the gRPC server, through the same connection loop
+(``connection.serve_connection``; this module is its framing, ``ShmFraming``), with the same checks:
+the hello and its protocol version, every step validated by ``messages.check_step`` after it has
+been copied out of the region, refusals with the same codes. A connection's end (EOF, reset, the actor
 killed) ends its session at once, also while its request is held, as a cancelled gRPC stream does.
 
 Access: the socket lives in a fresh private directory (mode 0700; the socket 0600), so only the
@@ -32,6 +33,7 @@ from google.protobuf.message import DecodeError
 from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError
+from lockstep.transport.connection import CodecClock, send_connection
 from lockstep.transport.messages import HelloInfo, StepData, check_step, hello_from_proto
 from lockstep.transport.protocol import (
     FAILED_PRECONDITION,
@@ -41,6 +43,8 @@ from lockstep.transport.protocol import (
     ActorHandler,
     RefusalLog,
     Refused,
+    Reply,
+    Welcome,
 )
 from lockstep.transport.shm import layout as wire
 
@@ -69,9 +73,14 @@ class LocalServer:
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._log_refusal = RefusalLog(log)
+        self._refusals = RefusalLog(log)
+        self._codec = CodecClock()
         self.address: str | None = None
-        self.codec_s = 0.0  # copying steps out, validating them, writing actions: the learner's time split
+
+    @property
+    def codec_s(self) -> float:
+        """Copying steps out, validating them, writing actions: for the learner's time split."""
+        return self._codec.seconds
 
     async def start(self) -> str | None:
         """Listen in a fresh private directory; return the ``unix:/path`` address.
@@ -136,56 +145,42 @@ class LocalServer:
 
     async def _serve(self, sock: socket.socket) -> None:
         """One actor's connection: the hello, then one step and one reply at a time until either side ends."""
-        peer = _Peer(sock)
-        session = region = None
-        who = "a local client"
+        framing = ShmFraming(_Peer(sock), self._max_bytes, self._sanitize)
         try:
-            hello = await asyncio.wait_for(self._hello(peer), HELLO_TIMEOUT_S)
-            if hello is None:
-                return
-            who = f"actor {hello.actor_id}"
-            layout = self._layout(hello, who)
-            session, welcome = self._handler.connect(hello)
-            fd, region = _allocate(layout, who)
-            try:
-                reply = pb.Welcome(seed=welcome.seed, learner_run=welcome.learner_run).SerializeToString()
-                peer.send_with_fd(wire.REPLY.pack(wire.WELCOME, 0) + reply, fd)
-            finally:
-                os.close(fd)  # the actor has its own descriptor now; the mapping keeps the memory
-            frame = await peer.frame(wire.STEP.size + 1)
-            while frame:
-                start = time.perf_counter()
-                data = self._step(frame, region, hello, who)
-                self.codec_s += time.perf_counter() - start
-                reply = await session.step(data)
-                if reply is None:
-                    await peer.send(wire.REPLY.pack(wire.OVER, 0))
-                    return
-                if reply.actions is None:
-                    await peer.send(wire.REPLY.pack(wire.RETRY, reply.version))
-                else:
-                    start = time.perf_counter()
-                    region.actions[...] = reply.actions  # before the frame: the actor reads them after it
-                    self.codec_s += time.perf_counter() - start
-                    await peer.send(wire.REPLY.pack(wire.ACTION, reply.version))
-                frame = await peer.frame(wire.STEP.size + 1)
-        except Refused as err:
-            await self._refuse(peer, err.code, str(err), who)
-        except asyncio.TimeoutError:
-            await self._refuse(peer, FAILED_PRECONDITION, f"no hello within {HELLO_TIMEOUT_S:.0f} s", who)
+            await send_connection(framing, self._handler, self._refusals, self._codec)
         except ConnectionError:
             pass  # the actor went away while a reply was on its way: its end, as a closed stream
         except Exception:  # a fault of the learner's: end this connection (the actor reconnects), keep the rest
-            log.exception("same-host transport: the connection of %s failed", who)
-        finally:
-            peer.close()
-            if session is not None:
-                session.close()
-            if region is not None:
-                region.close()
+            log.exception("same-host transport: the connection of %s failed", framing.who)
 
-    async def _hello(self, peer: _Peer) -> HelloInfo | None:
+
+class ShmFraming:
+    """One actor's connection as a ``connection.Framing``: frames on the socket, arrays in the actor's region.
+
+    ``welcome`` allocates the region (sized at the hello, before the handler sees it) and returns the
+    WELCOME frame, which ``send`` sends with the region's descriptor.
+    """
+
+    def __init__(self, peer: _Peer, max_bytes: int, sanitize: bool) -> None:
+        self.peer = self.who = "a local client"
+        self._peer, self._max_bytes, self._sanitize = peer, max_bytes, sanitize
+        self._layout: wire.Layout | None = None
+        self._region: wire.Region | None = None
+        self._fd: int | None = None  # the region's descriptor, until the welcome carries it to the actor
+
+    async def hello(self) -> HelloInfo | None:
+        try:
+            hello = await asyncio.wait_for(self._hello(), HELLO_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise Refused(FAILED_PRECONDITION, f"no hello within {HELLO_TIMEOUT_S:.0f} s") from None
+        if hello is not None:
+            self.who = f"actor {hello.actor_id}"
+            self._layout = self._sized(hello)
+        return hello
+
+    async def _hello(self) -> HelloInfo | None:
         """Read and check the hello: the header frame, then the ``pb.Hello`` bytes in chunks (None: the client left)."""
+        peer = self._peer
         head = await peer.frame(wire.HELLO.size + 1)
         if not head:
             return None
@@ -212,55 +207,82 @@ class LocalServer:
         except DecodeError:
             raise Refused(FAILED_PRECONDITION, "the first message must be a hello, got bytes that are not a "
                           "protobuf Hello message") from None
-        try:
-            hello = hello_from_proto(msg)
-        except CodecError as err:
-            raise Refused(INVALID_ARGUMENT, f"hello: {err}") from None
-        return hello
+        return hello_from_proto(msg)
 
-    def _layout(self, hello: HelloInfo, who: str) -> wire.Layout | None:
+    def _sized(self, hello: HelloInfo) -> wire.Layout | None:
         """The actor's region, sized before the handler sees the hello (None: ``connect`` refuses num_envs < 1)."""
         if hello.num_envs < 1:
             return None
         try:
             layout = wire.Layout(hello.num_envs, hello.observation, hello.action)
         except (CodecError, TypeError, ValueError) as err:
-            raise Refused(INVALID_ARGUMENT, f"{who}: {err}") from None
+            raise Refused(INVALID_ARGUMENT, f"{self.who}: {err}") from None
         if layout.size > self._max_bytes:
-            raise Refused(INVALID_ARGUMENT, f"{who}: {hello.num_envs} env(s) of {hello.observation.describe()} "
+            raise Refused(INVALID_ARGUMENT, f"{self.who}: {hello.num_envs} env(s) of {hello.observation.describe()} "
                           f"need {layout.size} bytes of shared memory, over the limit of {self._max_bytes} "
                           "(learner.max_message_mb); give the actor fewer envs or raise the limit")
         return layout
 
-    def _step(self, frame: bytes, memory: wire.Region, hello: HelloInfo, who: str) -> StepData:
+    def welcome(self, hello: HelloInfo, welcome: Welcome) -> bytes:
+        self._fd, self._region = _allocate(self._layout, self.who)
+        reply = pb.Welcome(seed=welcome.seed, learner_run=welcome.learner_run).SerializeToString()
+        return wire.REPLY.pack(wire.WELCOME, 0) + reply
+
+    @property
+    def incoming(self) -> _Peer:
+        return self._peer
+
+    def decode(self, frame: bytes, hello: HelloInfo) -> StepData:
         """Copy one step out of the region (the actor could change the region at any time, not the copies)
         and validate the copies as a gRPC step is validated."""
         if len(frame) != wire.STEP.size:
-            raise Refused(INVALID_ARGUMENT, f"{who}: a step frame of {len(frame)} bytes; expected {wire.STEP.size} "
-                          "(kind, final observations, finished episodes)")
+            raise Refused(INVALID_ARGUMENT, f"{self.who}: a step frame of {len(frame)} bytes; expected "
+                          f"{wire.STEP.size} (kind, final observations, finished episodes)")
         kind, m, e = wire.STEP.unpack(frame)
         if kind != wire.STEP_KIND:
-            raise Refused(FAILED_PRECONDITION, f"{who}: expected a step frame, got kind {kind:#x}")
+            raise Refused(FAILED_PRECONDITION, f"{self.who}: expected a step frame, got kind {kind:#x}")
         k = hello.num_envs
         if m > k or e > k:
-            raise Refused(INVALID_ARGUMENT, f"{who}: step frame: {m} final observation(s) and {e} finished "
+            raise Refused(INVALID_ARGUMENT, f"{self.who}: step frame: {m} final observation(s) and {e} finished "
                           f"episode(s) in one step of {k} env(s); at most one of each per env")
+        memory = self._region
         data = StepData(
             obs=memory.obs.copy(), reward=memory.reward.copy(),
             terminated=memory.terminated.copy(), truncated=memory.truncated.copy(),
             final_index=memory.final_index[:m].copy(), final_obs=memory.final_obs[:m].copy(),
             episode_return=memory.episode_return[:e].copy(), episode_length=memory.episode_length[:e].copy(),
         )
-        try:
-            return check_step(data, k, hello.observation, self._sanitize)
-        except CodecError as err:
-            raise Refused(INVALID_ARGUMENT, f"{who}: {err}") from None
+        return check_step(data, k, hello.observation, self._sanitize)
 
-    async def _refuse(self, peer: _Peer, code: str, message: str, who: str) -> None:
-        """Tell the client why its connection ends; log each kind of refusal once per client."""
-        self._log_refusal(who, code, message)
+    def reply(self, reply: Reply) -> bytes:
+        if reply.actions is None:
+            return wire.REPLY.pack(wire.RETRY, reply.version)
+        self._region.actions[...] = reply.actions  # before the frame: the actor reads them after it
+        return wire.REPLY.pack(wire.ACTION, reply.version)
+
+    def over(self) -> bytes:
+        return wire.REPLY.pack(wire.OVER, 0)
+
+    async def send(self, frame: bytes) -> None:
+        if self._fd is None:
+            await self._peer.send(frame)
+            return
+        try:
+            self._peer.send_with_fd(frame, self._fd)
+        finally:
+            os.close(self._fd)  # the actor has its own descriptor now; the mapping keeps the memory
+            self._fd = None
+
+    async def refuse(self, code: str, message: str) -> None:
         with contextlib.suppress(OSError):
-            await peer.send(wire.refusal(code, message))
+            await self._peer.send(wire.refusal(code, message))
+
+    def close(self) -> None:
+        self._peer.close()
+        if self._fd is not None:
+            os.close(self._fd)
+        if self._region is not None:
+            self._region.close()
 
 
 def _allocate(layout: wire.Layout, who: str) -> tuple[int, wire.Region]:
@@ -341,6 +363,16 @@ class _Peer:
             return await self._waiter
         finally:
             self._waiter = None
+
+    def __aiter__(self) -> _Peer:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """The next step frame (one byte more than a step's size is read, so an oversized one shows)."""
+        frame = await self.frame(wire.STEP.size + 1)
+        if not frame:
+            raise StopAsyncIteration
+        return frame
 
     def _readable(self) -> None:
         waiter = self._waiter

@@ -78,7 +78,7 @@ class ActorsConfig:
                "use gRPC", flag="--transport")
     launcher: Launcher = setting(
         "local", "who starts `lockstep train`'s actors: local (processes on this host) or ray (Ray actors, placed "
-                 "and restarted by Ray, always over gRPC; pip install -e '.[ray]', docs/cluster.md)",
+                 "and restarted by Ray, always over gRPC; pip install -e '.[ray]', docs/cluster-and-security.md)",
         flag="--launcher")
     restarts: int = setting(10, "a dead actor of `lockstep train` is restarted at most this often (local or Ray)",
                             ge=0)

@@ -1,6 +1,6 @@
 """The slim actor install (requirements-actor.txt, then lockstep with --no-deps) has no torch and still trains.
 
-A fresh venv gets only what README's "Actors on other machines" says an actor needs; its ``lockstep actor``
+A fresh venv gets only what docs/quickstart.md's "Actors on other machines" says an actor needs; its ``lockstep actor``
 then connects to a learner served from this process (the full install) and runs until training ends.
 Any module that ``lockstep actor`` loads and that imports torch, rich, TensorBoard or matplotlib at
 module level fails here.

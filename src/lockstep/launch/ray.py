@@ -299,7 +299,7 @@ class RayActors:
             if others:
                 raise ConfigError(f"the learner listens on {listen}, which the Ray nodes at {', '.join(others)} "
                                   "cannot reach: listen on an address they can, e.g. --listen 0.0.0.0:50051, "
-                                  "with --token (docs/cluster.md)")
+                                  "with --token (docs/cluster-and-security.md)")
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def _keep_logs(self) -> None:

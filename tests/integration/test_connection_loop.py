@@ -41,7 +41,7 @@ def learner(tmp_path):
     config = config_lib.Config()
     config.run.progress = False
     config.ppo.total_steps = 10**9
-    config.env.actors = 1  # a step that is not refused is answered at once, so a broken check fails, not hangs
+    config.actors.count = 1  # a step that is not refused is answered at once, so a broken check fails, not hangs
     learner = Learner(config, tmp_path / "run")
     thread = threading.Thread(target=learner.serve)
     thread.start()

@@ -70,7 +70,7 @@ def learner(tmp_path, monkeypatch):
     config = config_lib.Config()
     config.run.progress = False
     config.ppo.total_steps = 10**9
-    config.env.actors = 1
+    config.actors.count = 1
     learner = Learner(config, tmp_path / "run")
     thread = threading.Thread(target=learner.serve)
     thread.start()

@@ -1,7 +1,7 @@
 """What runs inside a Ray actor: lockstep's actor loop (``lockstep.actor.run``) in a Ray worker process.
 
 Ray imports this module in every worker that hosts an actor, so it imports neither torch (the actor side
-never does) nor ray: ``launchers/ray.py`` turns ``RayActor`` into a Ray actor class on the driver.
+never does) nor ray: ``launch/ray.py`` turns ``RayActor`` into a Ray actor class on the driver.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 Threads
     event loop   the gRPC and same-host servers (one Sessions for both), every actor session, the
                  gate's admissions and the backend's inference. Held requests are awaited futures here.
-                 A launcher may run coroutines here too (``run_on_loop``: in-process env loops); the
-                 learner itself starts no actor.
+                 In-process env loops run here too, started by their launcher (``run_on_loop``).
     trainer      trains closed phases in order, writes the row and the checkpoint, publishes the next version.
     inference    in-place backend only: a small pool for its forward passes.
 
@@ -131,21 +130,13 @@ class Learner:
         return self.port
 
     def run_on_loop(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
-        """Run ``coro`` as a task of the learner's event loop (thread-safe, once ``wait_ready`` returned);
-        a task still running when the learner stops serving is cancelled, before the sessions finish."""
-        if self._loop is None or self._loop.is_closed():
-            coro.close()
-            raise RuntimeError("the learner is not serving: run_on_loop needs wait_ready() to have returned")
+        """Run ``coro`` on the learner's event loop (thread-safe, after ``wait_ready``); cancelled when serving ends."""
+        return asyncio.run_coroutine_threadsafe(self._guest(coro), self._loop)
 
-        async def guest() -> Any:
-            task = asyncio.current_task()
-            self._guests.add(task)
-            try:
-                return await coro
-            finally:
-                self._guests.discard(task)
-
-        return asyncio.run_coroutine_threadsafe(guest(), self._loop)
+    async def _guest(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        self._guests.add(task := asyncio.current_task())
+        task.add_done_callback(self._guests.discard)
+        return await coro
 
     def stop(self) -> None:
         """Ask a running learner to finish (thread-safe)."""
@@ -178,9 +169,7 @@ class Learner:
         try:
             await self._stop.wait()
         finally:
-            watchdog.cancel()
-            guests = set(self._guests)
-            for task in guests:
+            for task in (guests := {watchdog, *self._guests}):  # before the sessions finish
                 task.cancel()
             await asyncio.gather(*guests, return_exceptions=True)
             self.sessions.finish()

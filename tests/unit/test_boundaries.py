@@ -56,7 +56,7 @@ def test_the_runtime_package_never_imports_the_benchmarks_or_the_model_checker()
 
 def test_the_learner_is_the_wiring_and_never_names_a_strategy():
     learner = (SRC / "learner" / "wiring.py").read_text()
-    assert len(learner.splitlines()) <= 275  # it also hosts launchers' tasks (run_on_loop) now
+    assert len(learner.splitlines()) <= 250
     for name in ("strict", "pipelined", "spin-flags", "spin-redo", "reject-retry", "seqlock"):
         assert f'"{name}"' not in learner, f"the learner branches on the strategy name {name}"
     assert "reference is None" not in learner and "batcher is None" not in learner

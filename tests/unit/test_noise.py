@@ -176,3 +176,24 @@ def test_uniform_largest_possible_value_is_below_one():
     key = _key_whose_first_draw_at_counter_zero_has_bits(_MASK)
     value = uniform(key, np.zeros(1, np.uint64), 1)[0, 0]
     assert value < 1.0
+
+
+def test_the_small_batch_path_gives_the_vectorized_bits():
+    """Few numbers are computed on Python integers (numpy's per-call cost dominates there): every bit
+    must match the uint64 path, including keys and counters near 2**64 where products wrap."""
+    from lockstep.algo import noise
+
+    extreme = np.array([0, 1, 2**63, 2**64 - 1], np.uint64)
+    keys = np.concatenate([slot_keys(7, 3, 4), extreme])
+    counters = np.concatenate([np.arange(4, dtype=np.uint64) * 977, extreme[::-1]])
+    for rows in (1, 2, 8):
+        for width in (1, 2, 4):
+            k, c = keys[:rows], counters[:rows]
+            assert rows * width <= noise._SMALL  # uniform() takes the small path for these
+            small = uniform(k, c, width)
+            with np.errstate(over="ignore"):
+                x = noise._mix(k ^ noise._mix(c * noise._GOLDEN))
+                x = noise._mix(x[:, None] + np.arange(1, width + 1, dtype=np.uint64) * noise._GOLDEN)
+            vectorized = ((x >> np.uint64(12)).astype(np.float64) + 0.5) * (1.0 / (1 << 52))
+            assert small.dtype == np.float64 and small.shape == (rows, width)
+            np.testing.assert_array_equal(small, vectorized)

@@ -30,10 +30,36 @@ def slot_keys(seed: int, actor_id: int, num_envs: int) -> np.ndarray:
     return _mix(np.arange(num_envs, dtype=np.uint64) * _GOLDEN + actor)
 
 
+_SMALL = 32  # at most this many numbers: Python integers beat numpy's per-call overhead
+_MASK = (1 << 64) - 1
+
+
 def uniform(keys: np.ndarray, counters: np.ndarray, width: int) -> np.ndarray:
     """Uniform numbers in (0, 1): [B, width] float64 for slot keys [B] at step counters [B]."""
+    if len(keys) * width <= _SMALL:
+        return _uniform_small(keys, counters, width)
     with np.errstate(over="ignore"):
         x = _mix(keys.astype(np.uint64) ^ _mix(counters.astype(np.uint64) * _GOLDEN))
         x = _mix(x[:, None] + np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN)
     # 52 bits so that (m + 0.5) / 2**52 is exact in float64: never 0, never 1
     return ((x >> np.uint64(12)).astype(np.float64) + 0.5) * (1.0 / (1 << 52))
+
+
+def _mix_int(x: int) -> int:
+    """``_mix`` on one Python integer (arithmetic modulo 2**64, as numpy's uint64 wraps)."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _uniform_small(keys: np.ndarray, counters: np.ndarray, width: int) -> np.ndarray:
+    """``uniform`` for a few numbers, computed on Python integers: the same bits (tested)."""
+    golden = int(_GOLDEN)
+    out = np.empty((len(keys), width), np.float64)
+    for row, (key, counter) in enumerate(zip(keys.tolist(), counters.tolist())):
+        x = _mix_int(key ^ _mix_int((counter * golden) & _MASK))
+        for j in range(width):
+            out[row, j] = ((_mix_int((x + (j + 1) * golden) & _MASK) >> 12) + 0.5) * (1.0 / (1 << 52))
+    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -20,14 +21,38 @@ def layer(inp: int, out: int, gain: float) -> nn.Linear:
     return layer
 
 
-def mlp(inp: int, hidden: list[int], out: int, activation: str, out_gain: float) -> nn.Sequential:
+class Chain(nn.Sequential):
+    """``nn.Sequential`` whose forward calls linear layers and activations as functions.
+
+    The same operations in the same order (bit for bit, and the same state-dict keys), without one
+    module call per layer: at batch 1 the module machinery costs more than the arithmetic. Module
+    hooks on the layers inside are therefore not called; other layers are called as modules.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for module in self:
+            kind = type(module)
+            if kind is nn.Linear:
+                x = F.linear(x, module.weight, module.bias)
+            elif kind is nn.Tanh:
+                x = torch.tanh(x)
+            elif kind is nn.ReLU:
+                x = torch.relu(x)
+            elif kind is nn.Flatten:
+                x = x.flatten(module.start_dim, module.end_dim)
+            else:
+                x = module(x)
+        return x
+
+
+def mlp(inp: int, hidden: list[int], out: int, activation: str, out_gain: float) -> Chain:
     act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
     layers: list[nn.Module] = []
     for width in hidden:
         layers += [layer(inp, width, math.sqrt(2)), act()]
         inp = width
     layers.append(layer(inp, out, out_gain))
-    return nn.Sequential(*layers)
+    return Chain(*layers)
 
 
 def nature_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int]:
@@ -57,14 +82,14 @@ def small_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int]
     return nn.Sequential(Scale(1.0), *convs, layer(flat, 128, math.sqrt(2)), nn.ReLU()), 128
 
 
-def mlp_torso(inp: int, hidden: list[int], activation: str) -> tuple[nn.Sequential, int]:
+def mlp_torso(inp: int, hidden: list[int], activation: str) -> tuple[Chain, int]:
     """Flat observations -> the last hidden layer's activations."""
     act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
     layers: list[nn.Module] = [nn.Flatten()]
     for width in hidden:
         layers += [layer(inp, width, math.sqrt(2)), act()]
         inp = width
-    return nn.Sequential(*layers), inp
+    return Chain(*layers), inp
 
 
 class Scale(nn.Module):

@@ -97,10 +97,10 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Call
     (for the early stop on the KL). Every learner then takes exactly ``minibatches`` steps per epoch,
     a minibatch without samples contributing zero gradients.
     """
-    sums = torch.zeros(5)
+    sums = torch.zeros(5, device=device)
     steps = taken = 0
     sections = minibatches if reduce_gradients is not None else min(minibatches, units)
-    approx_kl = 0.0
+    last_kl = torch.zeros((), device=device)  # the epoch's last minibatch's KL estimate
     for _ in range(epochs):
         order = torch.randperm(units, generator=generator, device="cpu").to(device)
         for idx in torch.tensor_split(order, sections):  # every unit once per epoch
@@ -115,8 +115,8 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Call
                                  norm_adv=norm_adv)
                 parts.loss.backward()
                 sums += torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(), parts.entropy.detach(),
-                                     parts.approx_kl, parts.clip_fraction]).cpu()
-                approx_kl = parts.approx_kl.item()
+                                     parts.approx_kl, parts.clip_fraction])  # on the device: no sync per step
+                last_kl = parts.approx_kl
                 taken += 1
             if reduce_gradients is not None:
                 reduce_gradients(samples)
@@ -125,9 +125,11 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Call
             nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
             steps += 1
-        if target_kl is not None and (agree(approx_kl) if agree else approx_kl) > target_kl:
-            break
-    means = (sums / max(taken, 1)).tolist()
+        if target_kl is not None:
+            approx_kl = last_kl.item()
+            if (agree(approx_kl) if agree else approx_kl) > target_kl:
+                break
+    means = (sums.cpu() / max(taken, 1)).tolist()
     return UpdateStats(*means, gradient_steps=steps)
 
 
@@ -151,11 +153,16 @@ def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor
         starts = torch.zeros((1, B), dtype=torch.bool, device=obs.device)
         initial_state, valid = initial_state.new_zeros((B, 0)), torch.ones((1, B), dtype=torch.bool, device=obs.device)
 
+    every_sample_valid = bool(valid.all())  # then selecting the valid samples is a reshape
+
     def minibatch(slots: torch.Tensor) -> Minibatch:
         new_logprob, entropy, new_value = model.evaluate(
             obs[:, slots], actions[:, slots], starts[:, slots], initial_state[slots])  # [T, n] each
+        columns = (new_logprob, old_logprob[:, slots], advantages[:, slots], new_value, old_value[:, slots],
+                   returns[:, slots], entropy)
+        if every_sample_valid:
+            return tuple(x.reshape(-1) for x in columns)  # [T * n], in the (t, n) order of the mask below
         keep = valid[:, slots]  # [T, n] -> the minibatch's samples
-        return (new_logprob[keep], old_logprob[:, slots][keep], advantages[:, slots][keep], new_value[keep],
-                old_value[:, slots][keep], returns[:, slots][keep], entropy[keep])
+        return tuple(x[keep] for x in columns)
 
     return optimize(model, optimizer, minibatch, obs.shape[1], device=obs.device, **settings)

@@ -5,7 +5,8 @@ For each transport, ``lockstep train`` with one actor process of one env, collec
 CPU goes to receiving a step, the session and the gate, one forward pass and the reply.
 
     round trips/s        env steps per second over the run (one per message)
-    learner µs/message   the learner process's CPU seconds / messages, start-up included
+    learner µs/message   the learner process's CPU seconds from the first actor's connection / messages
+                         (``learner_cpu_s`` in summary.json: start-up and imports are not counted)
 """
 
 from __future__ import annotations
@@ -75,4 +76,4 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {name} | {cell(r['round_trips_per_s'])} | {cell(r['learner_cpu_us_per_message'])} | "
                      f"{cell(r['messages'])} | {cell(r['wall_s'])} | {cell(r['loadavg_1m'])} |")
     return lines + ["", "One actor process with one env: every env step is one message and one reply. Learner CPU "
-                    "includes its start-up; a larger --messages budget amortizes it."]
+                    "counts from the first actor's connection, so start-up is not in it."]

@@ -19,6 +19,7 @@ and/or every M minutes, the newest K kept, and a final one at the end of a run.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -80,9 +81,17 @@ def periodic_path(directory: Path, iteration: int) -> Path:
     return directory / f"iter_{iteration:06d}.pt"
 
 
+def periodic(directory: Path) -> list[Path]:
+    """The periodic checkpoints in ``directory``, oldest first: by the iteration in the name, which has more
+    than six digits from iteration 1,000,000 on (so the names' own order is not the iterations')."""
+    found = [(int(match[1]), path) for path in directory.glob("iter_*.pt")
+             if (match := re.fullmatch(r"iter_(\d+)\.pt", path.name))]
+    return [path for _, path in sorted(found)]
+
+
 def prune(directory: Path, keep: int) -> None:
     """Delete all but the newest ``keep`` periodic checkpoints."""
-    found = sorted(directory.glob("iter_*.pt"))
+    found = periodic(directory)
     for old in found[:max(0, len(found) - keep)]:
         old.unlink()
 
@@ -92,15 +101,15 @@ def find(directory: Path, which: str = NEWEST) -> Path:
     (a path, or a name in ``directory``). A ``FileNotFoundError`` that says what is missing."""
     if which == NEWEST:
         found = [(load(path)["trainer"]["iteration"], path)
-                 for path in [*directory.glob("iter_*.pt"), directory / "final.pt"] if path.is_file()]
+                 for path in [*periodic(directory), directory / "final.pt"] if path.is_file()]
         if found:
             return max(found, key=lambda item: item[0])[1]  # the first of a tie: a periodic one
     elif which == FINAL:
         if (directory / "final.pt").is_file():
             return directory / "final.pt"
-        periodic = sorted(directory.glob("iter_*.pt"))  # iter_NNNNNN.pt: the name orders them
-        if periodic:
-            return periodic[-1]
+        found = periodic(directory)
+        if found:
+            return found[-1]
     else:
         for path in (Path(which), directory / which):
             if path.is_file():

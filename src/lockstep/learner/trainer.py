@@ -254,14 +254,14 @@ class Trainer:
                  update: ppo.UpdateStats) -> TrainStats:
         """Count the batch and move to the next version. ``env_steps`` counts every learner's samples:
         the learning-rate schedule and the step budget are the run's, not one learner's."""
+        if self.ranks is not None:  # after every update, on every learner: the parameters must be identical
+            self.ranks.check_identical(self.model)  # (before counting: a diverged update is no iteration)
         trained_version = self.version
         size = 0 if batch is None else batch.size
         self.version += 1
         self.iteration += 1
         self.env_steps += size if self.ranks is None else self.ranks.total(size)
         self.samples_trained += size
-        if self.ranks is not None:  # after every update, on every learner: the parameters must be identical
-            self.ranks.check_identical(self.model)
         self.lag_sum += int(lag.sum())
         self.lag_max = max(self.lag_max, int(lag.max(initial=0)))
         return TrainStats(

@@ -147,8 +147,14 @@ class LearnerConfig:
     device: str = setting("auto", "where the network runs: auto, cpu, cuda or cuda:N", flag="--device")
     torch_threads: int = setting(1, "torch's threads (small networks run fastest on one)", ge=1)
     max_message_mb: int = setting(64, "the largest message accepted from an actor; larger ones are refused", ge=1)
-    sanitize: bool = setting(False, "replace NaN/inf in observations and rewards instead of refusing the step",
+    sanitize: bool = setting(False, "replace NaN (by 0) and values beyond learner.max_observation / "
+                                    "learner.max_reward (by the bound) instead of refusing the step",
                              flag="--sanitize")
+    max_observation: float = setting(1e10, "the largest magnitude of an observation accepted from an actor; larger "
+                                           "ones are refused (within it a value stays finite in the learner's "
+                                           "float32)", gt=0, le=1e38)
+    max_reward: float = setting(1e10, "the largest magnitude of a reward or a finished episode's return accepted "
+                                      "from an actor; larger ones are refused", gt=0, le=1e38)
     tls_cert: str = setting("", "PEM certificate chain; with learner.tls_key, the learner serves TLS",
                             flag="--tls-cert")
     tls_key: str = setting("", "PEM private key for learner.tls_cert", flag="--tls-key")

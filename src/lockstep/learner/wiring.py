@@ -43,6 +43,7 @@ from lockstep.observe.progress import Status
 from lockstep.observe.report import Clock, Report
 from lockstep.transport.grpc import security
 from lockstep.transport.grpc.server import LearnerServer
+from lockstep.transport.messages import StepBounds
 from lockstep.transport.protocol import Welcome
 from lockstep.transport.shm import server as shm
 
@@ -151,7 +152,8 @@ class Learner:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         cfg = self.config.learner
-        limits = {"max_message_bytes": cfg.max_message_mb * 1024 * 1024, "sanitize": cfg.sanitize}
+        limits = {"max_message_bytes": cfg.max_message_mb * 1024 * 1024,
+                  "bounds": StepBounds(cfg.max_observation, cfg.max_reward, cfg.sanitize)}
         server, local = self._servers = [LearnerServer(self.sessions, cfg.listen, token=self.token, **limits,
                                                        tls=(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert else None),
                                          shm.LocalServer(self.sessions, **limits)]  # actors on this host

@@ -22,7 +22,7 @@ COLUMNS = [
     "episode_return_mean20", "episode_length_mean", "off_policy_samples", "policy_lag_mean", "policy_lag_max",
     "inference_batch_mean", "collect_s", "train_s", "dropped_transitions", "actors", "lr",
     "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
-    "wasted_forward_passes", "rejected_rpcs", "torn_reads", "stalls", "torn_reads_used",
+    "wasted_forward_passes", "rejected_rpcs", "torn_reads", "stalls", "torn_reads_used", "skipped_updates",
 ]
 
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import yaml
 
+from lockstep.common.files import atomic_write
 from lockstep.sync import NAMES as SYNC_NAMES
 
 log = logging.getLogger(__name__)
@@ -480,7 +481,8 @@ def name_run(config: Config) -> Path:
 
 
 def save(config: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Write ``config.yaml`` whole or not at all: a resume reads it, and a torn one would refuse to load."""
+    atomic_write(Path(path), yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 def setting_of(dotted: str) -> Setting:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from lockstep.common.files import atomic_write
+from lockstep.config import ConfigError
 
 _ARRAY = "__ndarray__"  # marks a numpy array stored as a tensor, so it loads back as an array
 NEWEST, FINAL = "newest", "final"  # the choices of ``find`` besides a file name
@@ -139,10 +140,36 @@ class Checkpointer:
     def save_final(self, state: dict) -> Path:
         return save(state, self.directory / "final.pt")
 
-    def newest(self) -> tuple[Path, dict]:
-        """What a resumed run continues from: the newest checkpoint and its state."""
+    def newest(self, config: dict | None = None) -> tuple[Path, dict]:
+        """What a resumed run continues from: the newest checkpoint and its state. With ``config`` (the
+        resumed run's, as a plain dict) a ``ConfigError`` if it changes what the checkpoint needs (``check_resume``)."""
         try:
             path = find(self.directory, NEWEST)
         except FileNotFoundError as err:
             raise FileNotFoundError(f"nothing to resume: {err}") from None
-        return path, load(path)
+        state = load(path)
+        if config is not None:
+            check_resume(state.get("config"), config, path)
+        return path, state
+
+
+# The sections a resumed run must keep as its checkpoint has them: they say what the parameters mean
+# (env: the environment, its spaces and how its observations and rewards are scaled, normalize_obs
+# among them; model: the architecture, recurrent or not). Anything else may change on a resume: the
+# step budget, PPO's hyperparameters, the actors, the learner's address and device, logging, checkpoints.
+FIXED_ON_RESUME = ("env", "model")
+
+
+def check_resume(stored: dict | None, config: dict, path: Path) -> None:
+    """Refuse a resume whose ``config`` differs from the ``stored`` config of the checkpoint at ``path`` in a
+    ``FIXED_ON_RESUME`` key: a ``ConfigError`` that names the key, both values and the checkpoint. A key one
+    side lacks (a checkpoint from before it existed) is not compared; nor is anything without a stored config."""
+    for section in FIXED_ON_RESUME if stored is not None else ():
+        old, new = stored.get(section) or {}, config.get(section) or {}
+        for key in sorted(set(old) & set(new)):
+            if old[key] != new[key]:
+                raise ConfigError(
+                    f"--resume: {section}.{key} is {new[key]!r}, but the checkpoint {path.name} was trained with "
+                    f"{old[key]!r}; a resumed run keeps every {', '.join(s + '.*' for s in FIXED_ON_RESUME)} "
+                    f"setting of its checkpoint (they decide what its parameters mean): resume with "
+                    f"{section}.{key} = {old[key]!r}, or start a new run")

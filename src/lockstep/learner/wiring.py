@@ -72,7 +72,7 @@ class Learner:
         slot_counters = {}
         self.resumed_from: Path | None = None
         if resume:
-            self.resumed_from, state = self.checkpointer.newest()
+            self.resumed_from, state = self.checkpointer.newest(dataclasses.asdict(config))
             slot_counters = self.report.load_checkpoint_state(state)
             log.info("resuming from %s: iteration %d, version %d", self.resumed_from, self.trainer.iteration,
                      self.trainer.version)

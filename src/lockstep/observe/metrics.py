@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -199,7 +200,14 @@ class MetricsWriter:
             self._tb.add_event(self._event(wall_time=time.time(), step=int(row["env_steps"]),
                                            summary=self._summary(value=values)))
 
+    def sync(self) -> None:
+        """Make every row written so far durable (fsync): before a checkpoint that claims them."""
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
     def close(self) -> None:
+        self.sync()
         self._file.close()
         if self._tb is not None:
             self._tb.close()

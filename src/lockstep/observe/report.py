@@ -162,7 +162,12 @@ class Report:
                 "rejected_rpcs": i.rejected_rpcs, "torn_reads": i.torn_reads, "torn_reads_used": i.torn_reads_used}
 
     def checkpoint_state(self, slot_counters: dict[int, int], config: dict) -> dict:
-        """What a checkpoint holds: everything a resumed run continues from (taken between iterations)."""
+        """What a checkpoint holds: everything a resumed run continues from (taken between iterations).
+
+        The metrics rows it claims are on disk first (``MetricsWriter.sync``), so that a crash right after
+        the checkpoint cannot leave a metrics.csv without them."""
+        if self.metrics is not None:
+            self.metrics.sync()
         return {
             "trainer": self.trainer.state_dict(),
             "episodes": self.episodes.state_dict(),

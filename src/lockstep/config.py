@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import yaml
 
+from lockstep.common.files import atomic_write
 from lockstep.sync import NAMES as SYNC_NAMES
 
 log = logging.getLogger(__name__)
@@ -147,8 +148,14 @@ class LearnerConfig:
     device: str = setting("auto", "where the network runs: auto, cpu, cuda or cuda:N", flag="--device")
     torch_threads: int = setting(1, "torch's threads (small networks run fastest on one)", ge=1)
     max_message_mb: int = setting(64, "the largest message accepted from an actor; larger ones are refused", ge=1)
-    sanitize: bool = setting(False, "replace NaN/inf in observations and rewards instead of refusing the step",
+    sanitize: bool = setting(False, "replace NaN (by 0) and values beyond learner.max_observation / "
+                                    "learner.max_reward (by the bound) instead of refusing the step",
                              flag="--sanitize")
+    max_observation: float = setting(1e10, "the largest magnitude of an observation accepted from an actor; larger "
+                                           "ones are refused (within it a value stays finite in the learner's "
+                                           "float32)", gt=0, le=1e38)
+    max_reward: float = setting(1e10, "the largest magnitude of a reward or a finished episode's return accepted "
+                                      "from an actor; larger ones are refused", gt=0, le=1e38)
     tls_cert: str = setting("", "PEM certificate chain; with learner.tls_key, the learner serves TLS",
                             flag="--tls-cert")
     tls_key: str = setting("", "PEM private key for learner.tls_cert", flag="--tls-key")
@@ -474,7 +481,8 @@ def name_run(config: Config) -> Path:
 
 
 def save(config: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Write ``config.yaml`` whole or not at all: a resume reads it, and a torn one would refuse to load."""
+    atomic_write(Path(path), yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 def setting_of(dotted: str) -> Setting:

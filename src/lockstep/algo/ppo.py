@@ -7,6 +7,7 @@ policy versions. Shapes: T steps, N env slots, B = T * N samples.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -77,6 +78,7 @@ class UpdateStats:
     approx_kl: float
     clip_fraction: float
     gradient_steps: int
+    skipped_steps: int = 0  # minibatches whose loss or gradient was not finite: no optimizer step (``optimize``)
 
 
 Minibatch = tuple[torch.Tensor, ...]  # (new log-prob, old log-prob, advantages, new value, old value, returns,
@@ -96,11 +98,16 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Call
     backward pass to average the gradients over the learners, and ``agree(x)``, the learners' mean of x
     (for the early stop on the KL). Every learner then takes exactly ``minibatches`` steps per epoch,
     a minibatch without samples contributing zero gradients.
+
+    A minibatch whose loss or gradient is not finite (NaN or inf, e.g. from a reward so large that its
+    square overflows) takes no optimizer step: neither the parameters nor the optimizer's moments see
+    it, and it is counted in ``skipped_steps``. A non-finite loss makes its gradients NaN before they
+    are averaged, so with several learners every learner sees the same non-finite norm and skips alike.
     """
     sums = torch.zeros(5, device=device)
-    steps = taken = 0
+    steps = taken = skipped = 0
     sections = minibatches if reduce_gradients is not None else min(minibatches, units)
-    last_kl = torch.zeros((), device=device)  # the epoch's last minibatch's KL estimate
+    approx_kl = 0.0
     for _ in range(epochs):
         order = torch.randperm(units, generator=generator, device="cpu").to(device)
         for idx in torch.tensor_split(order, sections):  # every unit once per epoch
@@ -114,23 +121,29 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Call
                                  clip_coef=clip_coef, clip_vloss=clip_vloss, vf_coef=vf_coef, ent_coef=ent_coef,
                                  norm_adv=norm_adv)
                 parts.loss.backward()
-                sums += torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(), parts.entropy.detach(),
-                                     parts.approx_kl, parts.clip_fraction])  # on the device: no sync per step
-                last_kl = parts.approx_kl
-                taken += 1
+                loss, approx_kl = torch.stack([parts.loss.detach(), parts.approx_kl]).tolist()
+                if not math.isfinite(loss):  # a loss of inf can have finite gradients: poison them
+                    for p in model.parameters():
+                        if p.grad is not None:
+                            p.grad.fill_(math.nan)
+                elif math.isfinite(approx_kl):
+                    sums += torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(),
+                                         parts.entropy.detach(), parts.approx_kl, parts.clip_fraction])
+                    taken += 1
             if reduce_gradients is not None:
                 reduce_gradients(samples)
             elif not samples:
                 continue
-            nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            norm = nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            if not torch.isfinite(norm):
+                skipped += 1
+                continue
             optimizer.step()
             steps += 1
-        if target_kl is not None:
-            approx_kl = last_kl.item()
-            if (agree(approx_kl) if agree else approx_kl) > target_kl:
-                break
+        if target_kl is not None and (agree(approx_kl) if agree else approx_kl) > target_kl:
+            break
     means = (sums.cpu() / max(taken, 1)).tolist()
-    return UpdateStats(*means, gradient_steps=steps)
+    return UpdateStats(*means, gradient_steps=steps, skipped_steps=skipped)
 
 
 def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor,

@@ -19,6 +19,7 @@ and/or every M minutes, the newest K kept, and a final one at the end of a run.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from lockstep.common.files import atomic_write
+from lockstep.config import ConfigError
 
 _ARRAY = "__ndarray__"  # marks a numpy array stored as a tensor, so it loads back as an array
 NEWEST, FINAL = "newest", "final"  # the choices of ``find`` besides a file name
@@ -80,9 +82,17 @@ def periodic_path(directory: Path, iteration: int) -> Path:
     return directory / f"iter_{iteration:06d}.pt"
 
 
+def periodic(directory: Path) -> list[Path]:
+    """The periodic checkpoints in ``directory``, oldest first: by the iteration in the name, which has more
+    than six digits from iteration 1,000,000 on (so the names' own order is not the iterations')."""
+    found = [(int(match[1]), path) for path in directory.glob("iter_*.pt")
+             if (match := re.fullmatch(r"iter_(\d+)\.pt", path.name))]
+    return [path for _, path in sorted(found)]
+
+
 def prune(directory: Path, keep: int) -> None:
     """Delete all but the newest ``keep`` periodic checkpoints."""
-    found = sorted(directory.glob("iter_*.pt"))
+    found = periodic(directory)
     for old in found[:max(0, len(found) - keep)]:
         old.unlink()
 
@@ -92,15 +102,15 @@ def find(directory: Path, which: str = NEWEST) -> Path:
     (a path, or a name in ``directory``). A ``FileNotFoundError`` that says what is missing."""
     if which == NEWEST:
         found = [(load(path)["trainer"]["iteration"], path)
-                 for path in [*directory.glob("iter_*.pt"), directory / "final.pt"] if path.is_file()]
+                 for path in [*periodic(directory), directory / "final.pt"] if path.is_file()]
         if found:
             return max(found, key=lambda item: item[0])[1]  # the first of a tie: a periodic one
     elif which == FINAL:
         if (directory / "final.pt").is_file():
             return directory / "final.pt"
-        periodic = sorted(directory.glob("iter_*.pt"))  # iter_NNNNNN.pt: the name orders them
-        if periodic:
-            return periodic[-1]
+        found = periodic(directory)
+        if found:
+            return found[-1]
     else:
         for path in (Path(which), directory / which):
             if path.is_file():
@@ -130,10 +140,36 @@ class Checkpointer:
     def save_final(self, state: dict) -> Path:
         return save(state, self.directory / "final.pt")
 
-    def newest(self) -> tuple[Path, dict]:
-        """What a resumed run continues from: the newest checkpoint and its state."""
+    def newest(self, config: dict | None = None) -> tuple[Path, dict]:
+        """What a resumed run continues from: the newest checkpoint and its state. With ``config`` (the
+        resumed run's, as a plain dict) a ``ConfigError`` if it changes what the checkpoint needs (``check_resume``)."""
         try:
             path = find(self.directory, NEWEST)
         except FileNotFoundError as err:
             raise FileNotFoundError(f"nothing to resume: {err}") from None
-        return path, load(path)
+        state = load(path)
+        if config is not None:
+            check_resume(state.get("config"), config, path)
+        return path, state
+
+
+# The sections a resumed run must keep as its checkpoint has them: they say what the parameters mean
+# (env: the environment, its spaces and how its observations and rewards are scaled, normalize_obs
+# among them; model: the architecture, recurrent or not). Anything else may change on a resume: the
+# step budget, PPO's hyperparameters, the actors, the learner's address and device, logging, checkpoints.
+FIXED_ON_RESUME = ("env", "model")
+
+
+def check_resume(stored: dict | None, config: dict, path: Path) -> None:
+    """Refuse a resume whose ``config`` differs from the ``stored`` config of the checkpoint at ``path`` in a
+    ``FIXED_ON_RESUME`` key: a ``ConfigError`` that names the key, both values and the checkpoint. A key one
+    side lacks (a checkpoint from before it existed) is not compared; nor is anything without a stored config."""
+    for section in FIXED_ON_RESUME if stored is not None else ():
+        old, new = stored.get(section) or {}, config.get(section) or {}
+        for key in sorted(set(old) & set(new)):
+            if old[key] != new[key]:
+                raise ConfigError(
+                    f"--resume: {section}.{key} is {new[key]!r}, but the checkpoint {path.name} was trained with "
+                    f"{old[key]!r}; a resumed run keeps every {', '.join(s + '.*' for s in FIXED_ON_RESUME)} "
+                    f"setting of its checkpoint (they decide what its parameters mean): resume with "
+                    f"{section}.{key} = {old[key]!r}, or start a new run")

@@ -6,6 +6,7 @@ produced by any version but the one being updated is an error, never a warning.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from lockstep.learner.distributed import Ranks
 from lockstep.learner.inference import PolicySnapshot
 from lockstep.learner.rollout import Batch
 from lockstep.models import build_policy
+
+log = logging.getLogger(__name__)
 
 
 class OffPolicyError(RuntimeError):
@@ -254,14 +257,18 @@ class Trainer:
                  update: ppo.UpdateStats) -> TrainStats:
         """Count the batch and move to the next version. ``env_steps`` counts every learner's samples:
         the learning-rate schedule and the step budget are the run's, not one learner's."""
+        if self.ranks is not None:  # after every update, on every learner: the parameters must be identical
+            self.ranks.check_identical(self.model)  # (before counting: a diverged update is no iteration)
+        if update.skipped_steps:
+            log.warning("version %d: %d of %d gradient steps skipped: their loss or gradient was not finite "
+                        "(NaN or inf); the parameters did not take them (skipped_updates in metrics.csv)",
+                        self.version, update.skipped_steps, update.skipped_steps + update.gradient_steps)
         trained_version = self.version
         size = 0 if batch is None else batch.size
         self.version += 1
         self.iteration += 1
         self.env_steps += size if self.ranks is None else self.ranks.total(size)
         self.samples_trained += size
-        if self.ranks is not None:  # after every update, on every learner: the parameters must be identical
-            self.ranks.check_identical(self.model)
         self.lag_sum += int(lag.sum())
         self.lag_max = max(self.lag_max, int(lag.max(initial=0)))
         return TrainStats(

@@ -43,6 +43,7 @@ from lockstep.observe.progress import Status
 from lockstep.observe.report import Clock, Report
 from lockstep.transport.grpc import security
 from lockstep.transport.grpc.server import LearnerServer
+from lockstep.transport.messages import StepBounds
 from lockstep.transport.protocol import Welcome
 from lockstep.transport.shm import server as shm
 
@@ -71,7 +72,7 @@ class Learner:
         slot_counters = {}
         self.resumed_from: Path | None = None
         if resume:
-            self.resumed_from, state = self.checkpointer.newest()
+            self.resumed_from, state = self.checkpointer.newest(dataclasses.asdict(config))
             slot_counters = self.report.load_checkpoint_state(state)
             log.info("resuming from %s: iteration %d, version %d", self.resumed_from, self.trainer.iteration,
                      self.trainer.version)
@@ -151,7 +152,8 @@ class Learner:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         cfg = self.config.learner
-        limits = {"max_message_bytes": cfg.max_message_mb * 1024 * 1024, "sanitize": cfg.sanitize}
+        limits = {"max_message_bytes": cfg.max_message_mb * 1024 * 1024,
+                  "bounds": StepBounds(cfg.max_observation, cfg.max_reward, cfg.sanitize)}
         server, local = self._servers = [LearnerServer(self.sessions, cfg.listen, token=self.token, **limits,
                                                        tls=(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert else None),
                                          shm.LocalServer(self.sessions, **limits)]  # actors on this host
@@ -178,21 +180,19 @@ class Learner:
     # -- training ---------------------------------------------------------------------
 
     def _train_loop(self) -> None:
+        item, trained = None, self.trainer.samples_trained
         try:
-            while True:
-                item = self.phases.next()
-                if item is None or self.sessions.finished:
-                    if item is not None and item.batch is not None:  # stopped from outside: it counts as dropped
-                        self.report.counters.dropped_transitions += item.batch.size
-                    return
+            while (item := self.phases.next()) is not None and not self.sessions.finished:
                 if self._train_one(item):
                     self.clock.stop()  # training time, without shutdown and the final checkpoint
-                    self._loop.call_soon_threadsafe(self._stop.set)
-                    return
+                    return self._loop.call_soon_threadsafe(self._stop.set)
+                trained = self.trainer.samples_trained
         except BaseException as err:
             log.exception("training failed")
             self.error = err
             self._loop.call_soon_threadsafe(self._stop.set)
+        if item is not None and item.batch is not None and self.trainer.samples_trained == trained:
+            self.report.counters.dropped_transitions += item.batch.size  # stopped from outside, or failed: untrained
 
     def _train_one(self, item: TrainingPhase) -> bool:
         """Train one closed phase, record it, publish the next version; True when the run is done."""
@@ -238,13 +238,13 @@ class Learner:
     def _write_final(self) -> dict[str, Any]:
         self.report.counters.dropped_transitions += self.phases.discard()  # collected, never to be trained
         self.report.observe(self.backend.stats())
-        final = self.checkpointer.save_final(self._checkpoint_state())
+        # No final.pt after a failure: an update it broke off may have stepped the model partly (reliability.md)
+        final = None if self.error else self.checkpointer.save_final(self._checkpoint_state())
         return self.report.summary(
             env=self.config.env.id, seed=self.config.run.seed, sync=self.strategy.name,
             time_limited=self.trainer.env_steps < self.config.ppo.total_steps and self.error is None,
             codec_s=sum(server.codec_s for server in self._servers), releases=self.sessions.releases.summary(),
-            checkpoint=str(final.relative_to(self.run_dir)),
-            resumed_from=None if self.resumed_from is None else str(self.resumed_from.relative_to(self.run_dir)),
-            device=str(self.device), error=None if self.error is None else repr(self.error),
-            ranks=self.ranks and self.ranks.describe(),
+            checkpoint=final and str(final.relative_to(self.run_dir)), device=str(self.device),
+            resumed_from=self.resumed_from and str(self.resumed_from.relative_to(self.run_dir)),
+            error=self.error and repr(self.error), ranks=self.ranks and self.ranks.describe(),
         )

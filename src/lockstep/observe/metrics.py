@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ COLUMNS = [
     "episode_return_mean20", "episode_length_mean", "off_policy_samples", "policy_lag_mean", "policy_lag_max",
     "inference_batch_mean", "collect_s", "train_s", "dropped_transitions", "actors", "lr",
     "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
-    "wasted_forward_passes", "rejected_rpcs", "torn_reads", "stalls", "torn_reads_used",
+    "wasted_forward_passes", "rejected_rpcs", "torn_reads", "stalls", "torn_reads_used", "skipped_updates",
 ]
 
 
@@ -199,7 +200,14 @@ class MetricsWriter:
             self._tb.add_event(self._event(wall_time=time.time(), step=int(row["env_steps"]),
                                            summary=self._summary(value=values)))
 
+    def sync(self) -> None:
+        """Make every row written so far durable (fsync): before a checkpoint that claims them."""
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
     def close(self) -> None:
+        self.sync()
         self._file.close()
         if self._tb is not None:
             self._tb.close()

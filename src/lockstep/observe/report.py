@@ -35,11 +35,12 @@ class Counters:
     off_policy_samples: int = 0
     transitions_collected: int = 0  # every action recorded; = trained + dropped at the end of a run
     collected_steps: int = 0  # transitions whose outcome came back: first_reached counts these
+    skipped_updates: int = 0  # gradient steps not taken: their loss or gradient was not finite (ppo.optimize)
 
 
 # Counter columns of metrics.csv that hold an iteration's increase of a run total.
 INCREASES = ("dropped_transitions", "stalls", "wasted_forward_passes", "rejected_rpcs", "torn_reads",
-             "torn_reads_used")
+             "torn_reads_used", "skipped_updates")
 
 
 # Inference counters that a resumed run carries on from its checkpoint.
@@ -161,7 +162,12 @@ class Report:
                 "rejected_rpcs": i.rejected_rpcs, "torn_reads": i.torn_reads, "torn_reads_used": i.torn_reads_used}
 
     def checkpoint_state(self, slot_counters: dict[int, int], config: dict) -> dict:
-        """What a checkpoint holds: everything a resumed run continues from (taken between iterations)."""
+        """What a checkpoint holds: everything a resumed run continues from (taken between iterations).
+
+        The metrics rows it claims are on disk first (``MetricsWriter.sync``), so that a crash right after
+        the checkpoint cannot leave a metrics.csv without them."""
+        if self.metrics is not None:
+            self.metrics.sync()
         return {
             "trainer": self.trainer.state_dict(),
             "episodes": self.episodes.state_dict(),
@@ -200,6 +206,7 @@ class Report:
 
     def trained(self, stats: TrainStats) -> None:
         self.counters.off_policy_samples += stats.off_policy_samples
+        self.counters.skipped_updates += stats.update.skipped_steps
         self.training_s += stats.train_s
 
     def row(self, stats: TrainStats, collect_s: float, actors: int) -> dict[str, Any]:

@@ -88,7 +88,27 @@ def step_message(step: StepData) -> pb.Step:
                          step.episode_return, step.episode_length)
 
 
-def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec, sanitize: bool = False) -> StepData:
+@dataclass(frozen=True)
+class StepBounds:
+    """The largest magnitudes a step may carry, and what to do with values beyond them.
+
+    Both bounds lie far above any real observation or reward and far below float32's largest value, so
+    a value within them stays finite when the learner casts it to float32 (a float64 observation of
+    1e39 is refused here, never turned into inf there); a loss that overflows all the same is the
+    guarded update's to skip (``ppo.optimize``). With ``sanitize`` an out-of-bound value is replaced
+    instead (NaN by 0, anything else clipped to the bound).
+    """
+
+    max_observation: float = 1e10  # learner.max_observation: observations and final observations
+    max_reward: float = 1e10  # learner.max_reward: rewards and finished episodes' returns
+    sanitize: bool = False  # learner.sanitize
+
+
+DEFAULT_BOUNDS = StepBounds()
+
+
+def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec,
+                    bounds: StepBounds = DEFAULT_BOUNDS) -> StepData:
     """Decode a Step message and validate it with ``check_step``."""
     k, obs_shape, obs_dtype = num_envs, observation.shape, observation.dtype
     obs = decode(msg.observation, "step.observation", obs_dtype, (k, *obs_shape))
@@ -106,17 +126,20 @@ def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec, sanitiz
         episode_return=episode_return,
         episode_length=decode(msg.episode_length, "step.episode_length", np.int64, (len(episode_return),)),
     )
-    return check_step(data, num_envs, observation, sanitize)
+    return check_step(data, num_envs, observation, bounds)
 
 
-def check_step(data: StepData, num_envs: int, observation: SpaceSpec, sanitize: bool = False) -> StepData:
+def check_step(data: StepData, num_envs: int, observation: SpaceSpec,
+               bounds: StepBounds = DEFAULT_BOUNDS) -> StepData:
     """Validate one step's arrays, whatever transport carried them; raise ``CodecError`` naming the field.
 
     Checks every array's dtype and shape against the actor's ``num_envs`` and observation space,
     reads the done flags by value (any non-zero byte is true), checks ``final_index`` against them,
-    that no more episodes finished than there are envs (one per env and step at most), and that
-    observations, rewards and final observations are finite. With ``sanitize`` non-finite values
-    are replaced instead (NaN by 0, infinities by the dtype's extremes) in the returned data.
+    that no more episodes finished than there are envs (one per env and step at most), that
+    observations, rewards and final observations are finite and within ``bounds``, and that every
+    finished episode has a length of at least 1 and a finite return within the reward bound. With
+    ``bounds.sanitize`` out-of-bound values are replaced instead (``StepBounds``) in the returned data;
+    an episode length below 1 is refused either way.
     """
     # Per message on the learner, so the common case (every field as expected) is one comparison per
     # field; anything else goes through the field-by-field checks that name the problem.
@@ -131,15 +154,15 @@ def check_step(data: StepData, num_envs: int, observation: SpaceSpec, sanitize: 
             and data.episode_return.dtype == _FLOAT64 and data.episode_return.ndim == 1
             and data.episode_length.dtype == _INT64 and data.episode_length.shape == data.episode_return.shape
             and len(data.episode_return) <= k):
-        return _check_fields(data, k, obs_shape, obs_dtype, sanitize)
+        return _check_fields(data, k, obs_shape, obs_dtype, bounds)
     # A bool is one byte; a peer may send bytes other than 0 and 1, on which numpy's bool logic is undefined.
     data.terminated, data.truncated = data.terminated.view(np.uint8) != 0, data.truncated.view(np.uint8) != 0
     if data.truncated.any():  # no final observation came: right only if every truncated slot also terminated
         _check_final_index(final_index, data.terminated, data.truncated)
-    return _check_finite(data, sanitize)
+    return _check_values(data, bounds)
 
 
-def _check_fields(data: StepData, k: int, obs_shape: tuple, obs_dtype: np.dtype, sanitize: bool) -> StepData:
+def _check_fields(data: StepData, k: int, obs_shape: tuple, obs_dtype: np.dtype, bounds: StepBounds) -> StepData:
     """``check_step`` field by field, for a step with final observations or anything unexpected."""
     _expect(data.obs, "step.observation", obs_dtype, (k, *obs_shape))
     _expect(data.reward, "step.reward", _FLOAT32, (k,))
@@ -160,19 +183,32 @@ def _check_fields(data: StepData, k: int, obs_shape: tuple, obs_dtype: np.dtype,
     if e > k:
         raise CodecError(f"step.episode_return: {e} finished episodes in one step of {k} env(s); an env finishes "
                          "at most one episode per step, so report each finished episode once")
-    return _check_finite(data, sanitize)
+    return _check_values(data, bounds)
 
 
-def _check_finite(data: StepData, sanitize: bool) -> StepData:
-    """Refuse (or with ``sanitize`` replace) non-finite observations, rewards and final observations."""
-    for name in ("obs", "reward", "final_obs"):
+def _check_values(data: StepData, bounds: StepBounds) -> StepData:
+    """Refuse (or with ``bounds.sanitize`` replace) values out of ``bounds``, and episode lengths below 1."""
+    for name, bound in _BOUNDED:
         value = getattr(data, name)
-        if value.dtype.kind == "f" and value.size and not np.isfinite(value).all():
-            if not sanitize:
-                bad = int(value.size - np.isfinite(value).sum())
-                raise CodecError(f"step.{_FIELD[name]}: {bad} non-finite value(s) (NaN or inf); fix the environment, "
-                                 "or start the learner with --sanitize to replace them")
-            setattr(data, name, np.nan_to_num(value))
+        if not value.size or value.dtype.kind not in "fiu" or (value.dtype.kind != "f" and value.itemsize < 4):
+            continue  # integers of 2 bytes or fewer cannot exceed a bound (they stay below 65,536)
+        limit = getattr(bounds, bound)
+        if value.min() >= -limit and value.max() <= limit:  # NaN fails both comparisons: min and max keep it
+            continue
+        if bounds.sanitize:
+            replaced = np.clip(np.nan_to_num(value, nan=0.0, posinf=limit, neginf=-limit), -limit, limit)
+            setattr(data, name, replaced.astype(value.dtype, copy=False))
+            continue
+        finite = np.isfinite(value) if value.dtype.kind == "f" else np.ones(value.shape, bool)
+        bad, huge = int(value.size - finite.sum()), int((np.abs(value[finite].astype(np.float64)) > limit).sum())
+        problem = ", ".join(part for part in (bad and f"{bad} non-finite value(s) (NaN or inf)",
+                                              huge and f"{huge} value(s) of magnitude over {limit:g}") if part)
+        raise CodecError(f"step.{_FIELD[name]}: {problem}; the bound is learner.{bound} = {limit:g}: fix the "
+                         "environment, raise the bound, or start the learner with --sanitize to replace them")
+    lengths = data.episode_length
+    if len(lengths) and lengths.min() < 1:
+        raise CodecError(f"step.episode_length: {lengths.tolist()} holds a length below 1; a finished episode "
+                         "took at least one step")
     return data
 
 
@@ -223,4 +259,8 @@ def _check_final_index(final_index: np.ndarray, terminated: np.ndarray, truncate
                      "every truncated episode")
 
 
-_FIELD = {"obs": "observation", "reward": "reward", "final_obs": "final_observation"}
+_FIELD = {"obs": "observation", "reward": "reward", "final_obs": "final_observation",
+          "episode_return": "episode_return"}
+# (StepData field, its StepBounds field: the learner's config key of the same name): what ``_check_values`` bounds.
+_BOUNDED = (("obs", "max_observation"), ("reward", "max_reward"), ("final_obs", "max_observation"),
+            ("episode_return", "max_reward"))

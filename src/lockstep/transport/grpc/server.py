@@ -18,7 +18,14 @@ from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import encode
 from lockstep.transport.connection import CodecClock, serve_connection
 from lockstep.transport.grpc import security
-from lockstep.transport.messages import HelloInfo, StepData, hello_from_proto, step_from_proto
+from lockstep.transport.messages import (
+    DEFAULT_BOUNDS,
+    HelloInfo,
+    StepBounds,
+    StepData,
+    hello_from_proto,
+    step_from_proto,
+)
 from lockstep.transport.protocol import (
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,
@@ -66,10 +73,10 @@ def _kind(msg) -> str | None:
 class GrpcFraming:
     """One actor's stream as a ``connection.Framing``: protobuf messages in, ``pb.LearnerMessage`` out."""
 
-    def __init__(self, requests, context: grpc.aio.ServicerContext, token: str | None, sanitize: bool) -> None:
+    def __init__(self, requests, context: grpc.aio.ServicerContext, token: str | None, bounds: StepBounds) -> None:
         self.peer = context.peer()
         self.incoming = requests
-        self._context, self._token, self._sanitize = context, token, sanitize
+        self._context, self._token, self._bounds = context, token, bounds
         self._who = self.peer
 
     async def hello(self) -> HelloInfo | None:
@@ -98,7 +105,7 @@ class GrpcFraming:
         if msg.WhichOneof("kind") != "step":
             raise Refused(FAILED_PRECONDITION,
                           f"{self._who}: expected a step, got {msg.WhichOneof('kind') or 'an empty message'}")
-        return step_from_proto(msg.step, hello.num_envs, hello.observation, self._sanitize)
+        return step_from_proto(msg.step, hello.num_envs, hello.observation, self._bounds)
 
     def reply(self, reply: Reply) -> pb.LearnerMessage:
         if reply.actions is None:
@@ -125,13 +132,13 @@ class LearnerServer:
 
     def __init__(self, handler: ActorHandler, listen: str, *, token: str | None = None,
                  tls: tuple[str, str] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 sanitize: bool = False) -> None:
+                 bounds: StepBounds = DEFAULT_BOUNDS) -> None:
         security.check_server(listen, token, *(tls or (None, None)))
         self._handler = handler
         self._listen = listen
         self._token = token
         self._credentials = security.server_credentials(*tls) if tls else None
-        self._sanitize = sanitize
+        self._bounds = bounds  # of every step's values (messages.check_step)
         self._server = grpc.aio.server(options=server_options(max_message_bytes))
         rpc = grpc.stream_stream_rpc_method_handler(
             self._connect, request_deserializer=_deserialize,
@@ -163,6 +170,6 @@ class LearnerServer:
     async def _connect(self, requests, context: grpc.aio.ServicerContext):
         """One actor's stream, as an async generator of replies (grpc.aio serves only a generator
         function's stream this way)."""
-        framing = GrpcFraming(requests, context, self._token, self._sanitize)
+        framing = GrpcFraming(requests, context, self._token, self._bounds)
         async for message in serve_connection(framing, self._handler, self._refusals, self._codec):
             yield message

@@ -34,7 +34,7 @@ from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError
 from lockstep.transport.connection import CodecClock, send_connection
-from lockstep.transport.messages import HelloInfo, StepData, check_step, hello_from_proto
+from lockstep.transport.messages import DEFAULT_BOUNDS, HelloInfo, StepBounds, StepData, check_step, hello_from_proto
 from lockstep.transport.protocol import (
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,
@@ -65,10 +65,10 @@ class LocalServer:
     """
 
     def __init__(self, handler: ActorHandler, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 sanitize: bool = False) -> None:
+                 bounds: StepBounds = DEFAULT_BOUNDS) -> None:
         self._handler = handler
         self._max_bytes = max_message_bytes
-        self._sanitize = sanitize
+        self._bounds = bounds  # of every step's values (messages.check_step)
         self._dir: str | None = None
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
@@ -145,7 +145,7 @@ class LocalServer:
 
     async def _serve(self, sock: socket.socket) -> None:
         """One actor's connection: the hello, then one step and one reply at a time until either side ends."""
-        framing = ShmFraming(_Peer(sock), self._max_bytes, self._sanitize)
+        framing = ShmFraming(_Peer(sock), self._max_bytes, self._bounds)
         try:
             await send_connection(framing, self._handler, self._refusals, self._codec)
         except ConnectionError:
@@ -161,9 +161,9 @@ class ShmFraming:
     WELCOME frame, which ``send`` sends with the region's descriptor.
     """
 
-    def __init__(self, peer: _Peer, max_bytes: int, sanitize: bool) -> None:
+    def __init__(self, peer: _Peer, max_bytes: int, bounds: StepBounds) -> None:
         self.peer = self.who = "a local client"
-        self._peer, self._max_bytes, self._sanitize = peer, max_bytes, sanitize
+        self._peer, self._max_bytes, self._bounds = peer, max_bytes, bounds
         self._layout: wire.Layout | None = None
         self._region: wire.Region | None = None
         self._fd: int | None = None  # the region's descriptor, until the welcome carries it to the actor
@@ -252,7 +252,7 @@ class ShmFraming:
             final_index=memory.final_index[:m].copy(), final_obs=memory.final_obs[:m].copy(),
             episode_return=memory.episode_return[:e].copy(), episode_length=memory.episode_length[:e].copy(),
         )
-        return check_step(data, k, hello.observation, self._sanitize)
+        return check_step(data, k, hello.observation, self._bounds)
 
     def reply(self, reply: Reply) -> bytes:
         if reply.actions is None:

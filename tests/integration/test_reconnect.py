@@ -71,7 +71,7 @@ class CuttingProxy:
             s.close()
 
 
-STRICT = {"ppo.steps_per_env": 16, "learner.min_actors": 1}  # the learner of these tests, on real gRPC
+STRICT = {"ppo.steps_per_env": 16, "learner.min_actors": 1}  # the learner these tests reach over real gRPC
 
 
 def test_actor_that_reconnects_before_the_learner_noticed_replaces_its_old_session(running_learner):

@@ -30,7 +30,7 @@ from lockstep.transport.messages import step_from_proto
 CARTPOLE = env_spec("CartPole-v1")
 
 
-STRICT = {"ppo.steps_per_env": 16, "learner.min_actors": 1}  # the learner of these tests, on real gRPC
+STRICT = {"ppo.steps_per_env": 16, "learner.min_actors": 1}  # the learner these tests reach over real gRPC
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The actor-learner protocol over real gRPC on loopback: handshake, validation, separate processes."""
+"""The actor-learner protocol over real gRPC on loopback: handshake, validation, separate learner and actor
+processes; and an interrupted ``lockstep train`` (actor processes over the same-host transport) leaves no actor."""
 
 from __future__ import annotations
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 
 import numpy as np
 import pytest
 from protocol import hello
 
-from lockstep import config as config_lib
-from lockstep.learner.wiring import Learner
 from lockstep.transport.grpc.client import Connection, LearnerRefused
 from lockstep.transport.inprocess import serve_env_loop
 from lockstep.transport.messages import StepData
@@ -37,19 +34,9 @@ def make(**kwargs):
 
 
 @pytest.fixture
-def learner(tmp_path):
-    config = config_lib.Config()
-    config.run.progress = False
-    config.ppo.total_steps = 10**9
-    config.actors.count = 1  # a step that is not refused is answered at once, so a broken check fails, not hangs
-    learner = Learner(config, tmp_path / "run")
-    thread = threading.Thread(target=learner.serve)
-    thread.start()
-    learner.wait_ready(timeout=30)
-    yield learner
-    learner.stop()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+def learner(running_learner):
+    # one actor: a step that is not refused is answered at once, so a broken check fails, not hangs
+    return running_learner()
 
 
 def _nan_step() -> StepData:
@@ -71,14 +58,14 @@ def _refusal(connection) -> tuple[str, str]:
 
 
 def test_one_malformed_step_is_refused_alike_over_grpc_shared_memory_and_in_process(learner, tmp_path, monkeypatch):
-    over_grpc = _refusal(Connection(f"127.0.0.1:{learner.port}", hello(ACTOR, NUM_ENVS), connect_timeout=10))
+    over_grpc = _refusal(Connection(learner.address, hello(ACTOR, NUM_ENVS), connect_timeout=10))
     over_shm = _refusal(LocalConnection(learner.local_address, hello(ACTOR, NUM_ENVS), connect_timeout=10))
 
     (tmp_path / "nanenv.py").write_text(NAN_ENV)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("nanenv", None)
-    run = learner.run_on_loop(serve_env_loop(learner.sessions, "nanenv:make", NUM_ENVS, ACTOR,
-                                             RefusalLog(logging.getLogger("lockstep.test"))))
+    run = learner.learner.run_on_loop(serve_env_loop(learner.learner.sessions, "nanenv:make", NUM_ENVS, ACTOR,
+                                                     RefusalLog(logging.getLogger("lockstep.test"))))
     with pytest.raises(Refused) as err:
         run.result(timeout=30)
     in_process = err.value.code, str(err.value)

@@ -20,8 +20,6 @@ import pytest
 from conftest import lockstep_cmd
 from protocol import empty_step, hello
 
-from lockstep import config as config_lib
-from lockstep.learner.wiring import Learner
 from lockstep.transport.grpc.client import Connection
 
 pytestmark = pytest.mark.slow
@@ -73,21 +71,13 @@ class CuttingProxy:
             s.close()
 
 
-def _learner(tmp_path, total_steps: int) -> tuple[Learner, threading.Thread, int]:
-    config = config_lib.Config()
-    config.run.progress = False
-    config.ppo.total_steps = total_steps
-    config.ppo.steps_per_env = 16
-    config.learner.min_actors = 1
-    learner = Learner(config, tmp_path / "run")
-    thread = threading.Thread(target=learner.serve)
-    thread.start()
-    return learner, thread, learner.wait_ready(timeout=30)
+STRICT = {"ppo.steps_per_env": 16, "learner.min_actors": 1}  # the learner these tests reach over real gRPC
 
 
-def test_actor_that_reconnects_before_the_learner_noticed_replaces_its_old_session(tmp_path):
-    learner, thread, port = _learner(tmp_path, total_steps=2 * 16 * 40)
-    proxy = CuttingProxy(port)
+def test_actor_that_reconnects_before_the_learner_noticed_replaces_its_old_session(running_learner):
+    running = running_learner({**STRICT, "ppo.total_steps": 2 * 16 * 40})
+    learner = running.learner
+    proxy = CuttingProxy(running.port)
     actor = subprocess.Popen([*lockstep_cmd(), "actor", "--learner", f"127.0.0.1:{proxy.port}", "--num-envs", "2",
                               "--actor-id", "0", "--retry-for", "30"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -98,10 +88,9 @@ def test_actor_that_reconnects_before_the_learner_noticed_replaces_its_old_sessi
         assert learner.trainer.iteration >= 3
         proxy.cut()
         out, _ = actor.communicate(timeout=120)
-        thread.join(timeout=60)
+        running.wait_finished(timeout=60)
     finally:
         actor.kill()
-        learner.stop()
         proxy.close()
     assert actor.returncode == 0, out
     assert proxy.connections >= 2 and "reconnecting" in out
@@ -112,25 +101,20 @@ def test_actor_that_reconnects_before_the_learner_noticed_replaces_its_old_sessi
     assert counters.transitions_collected == learner.trainer.env_steps + counters.dropped_transitions
 
 
-def test_the_replaced_connection_is_refused_by_name_and_its_unroll_dropped(tmp_path):
-    learner, thread, port = _learner(tmp_path, total_steps=10**9)
-    address = f"127.0.0.1:{port}"
-    try:
-        old = Connection(address, hello(actor_id=5, run_id=uuid.uuid4().hex), connect_timeout=10)
-        for _ in range(3):
-            old.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
-        new_run = uuid.uuid4().hex
-        new = Connection(address, hello(actor_id=5, run_id=new_run), connect_timeout=10)
-        _, version = new.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
-        assert version == 0
-        with pytest.raises(grpc.RpcError) as err:
-            old.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "replaced" in err.value.details() and new_run in err.value.details()
-        assert learner.report.counters.dropped_transitions == 3 * 2
-        assert learner.sessions.actor_ids == [5]
-        new.close()
-        old.close()
-    finally:
-        learner.stop()
-        thread.join(timeout=30)
+def test_the_replaced_connection_is_refused_by_name_and_its_unroll_dropped(running_learner):
+    running = running_learner(STRICT)
+    old = Connection(running.address, hello(actor_id=5, run_id=uuid.uuid4().hex), connect_timeout=10)
+    for _ in range(3):
+        old.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
+    new_run = uuid.uuid4().hex
+    new = Connection(running.address, hello(actor_id=5, run_id=new_run), connect_timeout=10)
+    _, version = new.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
+    assert version == 0
+    with pytest.raises(grpc.RpcError) as err:
+        old.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "replaced" in err.value.details() and new_run in err.value.details()
+    assert running.learner.report.counters.dropped_transitions == 3 * 2
+    assert running.learner.sessions.actor_ids == [5]
+    new.close()
+    old.close()

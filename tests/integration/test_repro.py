@@ -1,8 +1,9 @@
 """Bitwise-reproducible strict runs: the same seed twice, the second beside a CPU-burning process.
 
-Real learner and actor processes over the real transport (``lockstep bench repro``). The load changes
-which requests share a forward pass and the order in which the actors' messages and episodes arrive;
-the metrics row of every iteration and the final parameters must not change.
+Real learner and actor processes over the default same-host transport, shared memory and a unix socket
+(``lockstep bench repro``). The load changes which requests share a forward pass and the order in which
+the actors' messages and episodes arrive; the metrics row of every iteration and the final parameters
+must not change.
 """
 
 from __future__ import annotations

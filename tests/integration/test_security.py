@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
 import grpc
@@ -20,9 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from protocol import empty_step, hello
 
-from lockstep import config as config_lib
 from lockstep.envs import SpaceSpec, env_spec
-from lockstep.learner.wiring import Learner
 from lockstep.transport import METHOD
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError
@@ -33,33 +30,12 @@ from lockstep.transport.messages import StepBounds, step_from_proto
 CARTPOLE = env_spec("CartPole-v1")
 
 
-class RunningLearner:
-    def __init__(self, tmp_path, token=None, min_actors=1, max_message_mb=64, **learner_fields):
-        config = config_lib.Config()
-        config.run.progress = False
-        config.ppo.total_steps = 10**9
-        config.ppo.steps_per_env = 16
-        config.learner.min_actors = min_actors
-        config.learner.max_message_mb = max_message_mb
-        for key, value in learner_fields.items():
-            setattr(config.learner, key, value)
-        self.learner = Learner(config, tmp_path / "run", token=token)
-        self.thread = threading.Thread(target=self.learner.serve)
-        self.thread.start()
-        self.port = self.learner.wait_ready(timeout=30)
-        self.address = f"127.0.0.1:{self.port}"
-
-    def close(self):
-        self.learner.stop()
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive()
+STRICT = {"ppo.steps_per_env": 16, "learner.min_actors": 1}  # the learner these tests reach over real gRPC
 
 
 @pytest.fixture
-def learner(tmp_path):
-    running = RunningLearner(tmp_path)
-    yield running
-    running.close()
+def learner(running_learner):
+    return running_learner(STRICT)
 
 
 def _raw_call(address: str, payloads: list[bytes], metadata=()):
@@ -156,48 +132,44 @@ def test_action_space_mismatch_at_hello_is_refused(learner):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "action space" in err.value.details()
 
 
-def test_oversized_message_is_resource_exhausted(tmp_path):
-    running = RunningLearner(tmp_path, max_message_mb=1)
-    try:
-        big = pb.ActorMessage(hello=hello(actor_id=95))
-        big.hello.env_id = "x" * (2 * 1024 * 1024)
-        err = _raw_call(running.address, [big.SerializeToString()])
-        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    finally:
-        running.close()
+def test_oversized_message_is_resource_exhausted(running_learner):
+    running = running_learner({**STRICT, "learner.max_message_mb": 1})
+    big = pb.ActorMessage(hello=hello(actor_id=95))
+    big.hello.env_id = "x" * (2 * 1024 * 1024)
+    err = _raw_call(running.address, [big.SerializeToString()])
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def test_rogue_inputs_do_not_stop_a_well_behaved_actor_from_training(tmp_path):
-    running = RunningLearner(tmp_path)
-    actor = subprocess.Popen([sys.executable, "-m", "lockstep", "actor", "--learner", running.address,
+def test_rogue_inputs_do_not_stop_a_well_behaved_actor_from_training(learner):
+    actor = subprocess.Popen([sys.executable, "-m", "lockstep", "actor", "--learner", learner.address,
                               "--num-envs", "2", "--actor-id", "0"], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while running.learner.trainer.iteration < 2 and time.monotonic() < deadline:
+        while learner.learner.trainer.iteration < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        before = running.learner.trainer.iteration
+        before = learner.learner.trainer.iteration
         assert before >= 2
         obs = np.zeros((2, 4), np.float32)
         nan = obs.copy()
         nan[0, 0] = np.nan
         codes = [
-            _raw_call(running.address, [b"garbage"]).code(),
-            _rogue(running.address, empty_step(nan)).code(),
-            _rogue(running.address, empty_step(np.zeros((2, 5), np.float32))).code(),
+            _raw_call(learner.address, [b"garbage"]).code(),
+            _rogue(learner.address, empty_step(nan)).code(),
+            _rogue(learner.address, empty_step(np.zeros((2, 5), np.float32))).code(),
         ]
-        rogue = Connection(running.address, hello(actor_id=9, run_id="rogue-9"), connect_timeout=10)
+        rogue = Connection(learner.address, hello(actor_id=9, run_id="rogue-9"), connect_timeout=10)
         with pytest.raises(grpc.RpcError) as duplicate:  # the same run id on a second stream
-            Connection(running.address, hello(actor_id=9, run_id="rogue-9"), connect_timeout=10)
+            Connection(learner.address, hello(actor_id=9, run_id="rogue-9"), connect_timeout=10)
         rogue.close()
         codes.append(duplicate.value.code())
         assert codes == [grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
                          grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS]
-        while running.learner.trainer.iteration < before + 3 and time.monotonic() < deadline:
+        while learner.learner.trainer.iteration < before + 3 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert running.learner.trainer.iteration >= before + 3, "training stalled after the rogue inputs"
-        assert running.learner.report.counters.off_policy_samples == 0
+        assert learner.learner.trainer.iteration >= before + 3, "training stalled after the rogue inputs"
+        assert learner.learner.report.counters.off_policy_samples == 0
     finally:
-        running.close()
+        learner.stop()
         actor.wait(timeout=30)
     assert actor.returncode == 0, actor.stderr.read()
 
@@ -258,35 +230,29 @@ def test_learner_command_refuses_to_listen_off_loopback_without_a_token(tmp_path
     assert "without a token" in result.stderr
 
 
-def test_clients_without_or_with_a_wrong_token_are_unauthenticated(tmp_path):
-    running = RunningLearner(tmp_path, token="s3cret")
-    try:
-        for token, message in ((None, "requires a token"), ("wrong", "wrong token")):
-            with pytest.raises(grpc.RpcError) as err:
-                Connection(running.address, hello(actor_id=1), connect_timeout=10, token=token)
-            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert message in err.value.details()
-        conn = Connection(running.address, hello(actor_id=2), connect_timeout=10, token="s3cret")
-        actions, version = conn.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
-        assert actions.shape == (2,) and version == 0
-        conn.close()
-    finally:
-        running.close()
+def test_clients_without_or_with_a_wrong_token_are_unauthenticated(running_learner):
+    running = running_learner(STRICT, token="s3cret")
+    for token, message in ((None, "requires a token"), ("wrong", "wrong token")):
+        with pytest.raises(grpc.RpcError) as err:
+            Connection(running.address, hello(actor_id=1), connect_timeout=10, token=token)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert message in err.value.details()
+    conn = Connection(running.address, hello(actor_id=2), connect_timeout=10, token="s3cret")
+    actions, version = conn.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
+    assert actions.shape == (2,) and version == 0
+    conn.close()
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
-def test_tls_with_a_token_works_and_a_plaintext_client_is_refused(tmp_path):
+def test_tls_with_a_token_works_and_a_plaintext_client_is_refused(tmp_path, running_learner):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    running = RunningLearner(tmp_path, token="s3cret", tls_cert=str(cert), tls_key=str(key))
-    try:
-        conn = Connection(running.address, hello(actor_id=1), connect_timeout=10, token="s3cret", tls_ca=str(cert))
-        actions, _ = conn.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
-        assert actions.shape == (2,)
-        conn.close()
-        with pytest.raises((grpc.RpcError, ConnectionError)):
-            Connection(running.address, hello(actor_id=2), connect_timeout=3, token="s3cret")
-    finally:
-        running.close()
+    running = running_learner({**STRICT, "learner.tls_cert": str(cert), "learner.tls_key": str(key)}, token="s3cret")
+    conn = Connection(running.address, hello(actor_id=1), connect_timeout=10, token="s3cret", tls_ca=str(cert))
+    actions, _ = conn.step(empty_step(np.zeros((2, 4), np.float32)), np.int64, ())
+    assert actions.shape == (2,)
+    conn.close()
+    with pytest.raises((grpc.RpcError, ConnectionError)):
+        Connection(running.address, hello(actor_id=2), connect_timeout=3, token="s3cret")

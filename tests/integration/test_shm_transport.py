@@ -12,7 +12,6 @@ import os
 import socket
 import stat
 import subprocess
-import threading
 import time
 import uuid
 
@@ -21,9 +20,7 @@ import pytest
 from conftest import lockstep_cmd
 from protocol import hello
 
-from lockstep import config as config_lib
 from lockstep.envs import env_spec
-from lockstep.learner.wiring import Learner
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.grpc.client import LearnerClosed, LearnerRefused
@@ -36,35 +33,12 @@ T = 8  # steps per env per policy version
 _ROGUE_IDS = itertools.count(60)  # a distinct actor id per hostile client
 
 
-class RunningLearner:
-    """A CartPole learner in a thread, serving gRPC on loopback and the same-host socket."""
-
-    def __init__(self, tmp_path, min_actors: int = 1, **learner_fields) -> None:
-        config = config_lib.Config()
-        config.run.progress = False
-        config.ppo.total_steps, config.ppo.steps_per_env = 10**9, T
-        config.actors.count, config.learner.min_actors = 1, min_actors
-        for key, value in learner_fields.items():
-            setattr(config.learner, key, value)
-        self.learner = Learner(config, tmp_path / "run")
-        self.thread = threading.Thread(target=self.learner.serve)
-        self.thread.start()
-        self.learner.wait_ready(timeout=30)
-        self.address = self.learner.local_address
-        assert self.address and self.address.startswith("unix:")
-        self.path = self.address[len("unix:"):]
-
-    def close(self) -> None:
-        self.learner.stop()
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive()
+STRICT = {"ppo.steps_per_env": T}  # the learner of these tests: strict CartPole, one actor
 
 
 @pytest.fixture
-def learner(tmp_path):
-    running = RunningLearner(tmp_path)
-    yield running
-    running.close()
+def learner(running_learner):
+    return running_learner(STRICT, transport="shm")
 
 
 class _Steps:
@@ -142,19 +116,16 @@ def _truncated_without_final_observation(region: wire.Region) -> None:
 # -- tests --------------------------------------------------------------------------------------
 
 
-def test_the_socket_and_its_folder_are_owner_only_and_removed_when_the_learner_stops(tmp_path):
-    running = RunningLearner(tmp_path)
-    folder = os.path.dirname(running.path)
-    try:
-        assert len(running.path.encode()) <= 100
-        for path, mode in ((folder, 0o700), (running.path, 0o600)):
-            info = os.stat(path)
-            assert stat.S_IMODE(info.st_mode) == mode, (path, oct(info.st_mode))
-            assert info.st_uid == os.getuid()
-        assert stat.S_ISSOCK(os.stat(running.path).st_mode)
-        assert os.listdir(folder) == ["learner.sock"]
-    finally:
-        running.close()
+def test_the_socket_and_its_folder_are_owner_only_and_removed_when_the_learner_stops(learner):
+    folder = os.path.dirname(learner.socket_path)
+    assert len(learner.socket_path.encode()) <= 100
+    for path, mode in ((folder, 0o700), (learner.socket_path, 0o600)):
+        info = os.stat(path)
+        assert stat.S_IMODE(info.st_mode) == mode, (path, oct(info.st_mode))
+        assert info.st_uid == os.getuid()
+    assert stat.S_ISSOCK(os.stat(learner.socket_path).st_mode)
+    assert os.listdir(folder) == ["learner.sock"]
+    learner.stop()
     assert not os.path.exists(folder)
 
 
@@ -194,57 +165,53 @@ def test_a_replaced_connection_is_refused_by_name(learner):
     old.close()
 
 
-def test_an_actor_that_goes_away_while_its_request_is_held_leaves_at_once(tmp_path):
+def test_an_actor_that_goes_away_while_its_request_is_held_leaves_at_once(running_learner):
     """Below --min-actors every step is held; closing the socket still ends the session (no step is due)."""
-    running = RunningLearner(tmp_path, min_actors=2)
-    try:
-        sock = _raw(running.path)
-        region = _welcomed(sock, hello(actor_id=3))
-        sock.send(wire.STEP.pack(wire.STEP_KIND, 0, 0))
-        deadline = time.monotonic() + 10
-        while running.learner.sessions.actor_ids != [3] and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert running.learner.sessions.actor_ids == [3]
-        region.close()
-        sock.close()
-        while running.learner.sessions.actor_ids and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert running.learner.sessions.actor_ids == []
-    finally:
-        running.close()
+    running = running_learner({**STRICT, "learner.min_actors": 2}, transport="shm")
+    sock = _raw(running.socket_path)
+    region = _welcomed(sock, hello(actor_id=3))
+    sock.send(wire.STEP.pack(wire.STEP_KIND, 0, 0))
+    deadline = time.monotonic() + 10
+    while running.learner.sessions.actor_ids != [3] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert running.learner.sessions.actor_ids == [3]
+    region.close()
+    sock.close()
+    while running.learner.sessions.actor_ids and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert running.learner.sessions.actor_ids == []
 
 
-def test_hostile_local_clients_are_refused_by_name_while_a_good_actor_trains(tmp_path):
-    running = RunningLearner(tmp_path)
-    actor = subprocess.Popen([*lockstep_cmd(), "actor", "--learner", running.address, "--num-envs", "2",
+def test_hostile_local_clients_are_refused_by_name_while_a_good_actor_trains(learner):
+    actor = subprocess.Popen([*lockstep_cmd(), "actor", "--learner", learner.address, "--num-envs", "2",
                               "--actor-id", "0"], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while running.learner.trainer.iteration < 2 and time.monotonic() < deadline:
+        while learner.learner.trainer.iteration < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        before = running.learner.trainer.iteration
+        before = learner.learner.trainer.iteration
         assert before >= 2
 
         refusals = []
-        sock = _raw(running.path)
+        sock = _raw(learner.socket_path)
         sock.send(b"\xff\xff\xff garbage \x00\x01")
         refusals.append(_refusal(sock))
-        sock = _raw(running.path)
+        sock = _raw(learner.socket_path)
         sock.send(wire.HELLO.pack(wire.HELLO_MAGIC, 7))
         sock.send(b"garbage")
         refusals.append(_refusal(sock))
-        sock = _raw(running.path)
+        sock = _raw(learner.socket_path)
         _send_hello(sock, hello(actor_id=91, protocol=PROTOCOL + 1))
         refusals.append(_refusal(sock))
-        sock = _raw(running.path)
+        sock = _raw(learner.socket_path)
         _send_hello(sock, hello(actor_id=92, observation=env_spec("Acrobot-v1").observation))
         refusals.append(_refusal(sock))
-        refusals.append(_step_refused(running.path, lambda region: None, frame=b"\x00" * 5))
-        refusals.append(_step_refused(running.path, lambda region: None, frame=wire.REPLY.pack(wire.ACTION, 0)))
-        refusals.append(_step_refused(running.path, lambda region: None, m=3))
-        refusals.append(_step_refused(running.path, lambda region: None, e=1000))
-        refusals.append(_step_refused(running.path, _nan))
-        refusals.append(_step_refused(running.path, _truncated_without_final_observation))
+        refusals.append(_step_refused(learner.socket_path, lambda region: None, frame=b"\x00" * 5))
+        refusals.append(_step_refused(learner.socket_path, lambda region: None, frame=wire.REPLY.pack(wire.ACTION, 0)))
+        refusals.append(_step_refused(learner.socket_path, lambda region: None, m=3))
+        refusals.append(_step_refused(learner.socket_path, lambda region: None, e=1000))
+        refusals.append(_step_refused(learner.socket_path, _nan))
+        refusals.append(_step_refused(learner.socket_path, _truncated_without_final_observation))
 
         expected = [
             ("FAILED_PRECONDITION", "the first message must be a hello header"),
@@ -261,38 +228,32 @@ def test_hostile_local_clients_are_refused_by_name_while_a_good_actor_trains(tmp
         for (code, message), (want_code, want) in zip(refusals, expected, strict=True):
             assert code == want_code and want in message, (code, message)
 
-        while running.learner.trainer.iteration < before + 3 and time.monotonic() < deadline:
+        while learner.learner.trainer.iteration < before + 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert running.learner.trainer.iteration >= before + 3, "training stalled after the hostile clients"
-        assert running.learner.report.counters.off_policy_samples == 0
+        assert learner.learner.trainer.iteration >= before + 3, "training stalled after the hostile clients"
+        assert learner.learner.report.counters.off_policy_samples == 0
     finally:
-        running.close()
+        learner.stop()
         actor.wait(timeout=30)
     assert actor.returncode == 0, actor.stderr.read()
 
 
-def test_a_client_that_says_nothing_is_dropped_after_the_hello_deadline(tmp_path, monkeypatch):
+def test_a_client_that_says_nothing_is_dropped_after_the_hello_deadline(running_learner, monkeypatch):
     from lockstep.transport.shm import server as shm
 
     monkeypatch.setattr(shm, "HELLO_TIMEOUT_S", 0.3)
-    running = RunningLearner(tmp_path)
-    try:
-        code, message = _refusal(_raw(running.path))
-        assert code == "FAILED_PRECONDITION" and "no hello within" in message
-    finally:
-        running.close()
+    running = running_learner(STRICT, transport="shm")
+    code, message = _refusal(_raw(running.socket_path))
+    assert code == "FAILED_PRECONDITION" and "no hello within" in message
 
 
-def test_a_region_larger_than_the_message_limit_is_refused_before_the_actor_joins(tmp_path):
-    running = RunningLearner(tmp_path, max_message_mb=1)
-    try:
-        sock = _raw(running.path)
-        _send_hello(sock, hello(actor_id=4, num_envs=100_000))  # 100k envs x 2 x 16-byte observations > 1 MB
-        code, message = _refusal(sock)
-        assert code == "INVALID_ARGUMENT" and "bytes of shared memory" in message and "max_message_mb" in message
-        assert running.learner.sessions.actor_ids == []
-    finally:
-        running.close()
+def test_a_region_larger_than_the_message_limit_is_refused_before_the_actor_joins(running_learner):
+    running = running_learner({**STRICT, "learner.max_message_mb": 1}, transport="shm")
+    sock = _raw(running.socket_path)
+    _send_hello(sock, hello(actor_id=4, num_envs=100_000))  # 100k envs x 2 x 16-byte observations > 1 MB
+    code, message = _refusal(sock)
+    assert code == "INVALID_ARGUMENT" and "bytes of shared memory" in message and "max_message_mb" in message
+    assert running.learner.sessions.actor_ids == []
 
 
 def test_an_actor_with_the_wrong_array_is_stopped_before_it_writes_to_shared_memory(learner):

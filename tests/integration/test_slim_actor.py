@@ -11,13 +11,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-
-from lockstep import config as config_lib
-from lockstep.learner.wiring import Learner
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "rich", "tensorboard", "matplotlib")
@@ -34,7 +30,7 @@ def _pip_install(python: Path, *args: str) -> None:
 
 
 @pytest.mark.slow
-def test_an_actor_installed_without_torch_trains_with_a_learner(tmp_path):
+def test_an_actor_installed_without_torch_trains_with_a_learner(tmp_path, running_learner):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
@@ -50,26 +46,10 @@ def test_an_actor_installed_without_torch_trains_with_a_learner(tmp_path):
                            capture_output=True, text=True, check=True).stdout.strip()
     assert found == "[]", f"the slim venv has {found}"
 
-    config = config_lib.Config()
-    config.run.progress = False
-    config.run.thresholds = []
-    config.actors.envs_per_actor = 2
-    config.ppo.steps_per_env, config.ppo.total_steps = 16, 2 * 16 * 3
-    config.learner.min_actors = 1
-    config.learner.device = "cpu"
-    learner = Learner(config, tmp_path / "run")
-    outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(summary=learner.serve()))
-    thread.start()
-    try:
-        address = f"127.0.0.1:{learner.wait_ready(timeout=60)}"
-        actor = subprocess.run([str(venv / "bin" / "lockstep"), "actor", "--learner", address, "--num-envs", "2"],
-                               capture_output=True, text=True, timeout=120)
-    finally:
-        thread.join(timeout=60)
-        if thread.is_alive():
-            learner.stop()
-            thread.join(timeout=30)
+    learner = running_learner({"run.thresholds": [], "actors.envs_per_actor": 2, "ppo.steps_per_env": 16,
+                               "ppo.total_steps": 2 * 16 * 3, "learner.device": "cpu"})
+    actor = subprocess.run([str(venv / "bin" / "lockstep"), "actor", "--learner", learner.address, "--num-envs", "2"],
+                           capture_output=True, text=True, timeout=120)
     assert actor.returncode == 0, actor.stderr
     assert "the learner finished training" in actor.stderr
-    assert outcome["summary"]["env_steps"] == 2 * 16 * 3
+    assert learner.wait_finished(timeout=60)["env_steps"] == 2 * 16 * 3

@@ -11,16 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 import time
 
 import pytest
 
 from lockstep.actor import ActorOptions
-from lockstep.config import Config
 from lockstep.launch.processes import ActorProcesses
 from lockstep.launch.restart import RestartPolicy
-from lockstep.learner.wiring import Learner
 
 BACKOFF_S = 0.05
 
@@ -149,22 +146,9 @@ TOKEN = "supervisor-test-token"
 
 
 @pytest.fixture
-def learner(tmp_path):
+def learner(running_learner, tiny_config):
     """A real learner that wants a token and trains one phase of one actor with one env (8 steps)."""
-    config = Config()
-    config.actors.count, config.actors.envs_per_actor = 1, 1
-    config.ppo.steps_per_env, config.ppo.total_steps, config.ppo.minibatches = 8, 8, 1
-    config.model.hidden = [8]
-    config.learner.device = "cpu"
-    config.run.progress = False
-    learner = Learner(config, tmp_path / "run", token=TOKEN)
-    outcome = {}
-    thread = threading.Thread(target=lambda: outcome.update(summary=learner.serve()), daemon=True)
-    thread.start()
-    port = learner.wait_ready(timeout=30)
-    yield f"127.0.0.1:{port}", outcome
-    learner.stop()
-    thread.join(timeout=30)
+    return running_learner(config=tiny_config, token=TOKEN)
 
 
 def supervise_until_exit(options: ActorOptions) -> ActorProcesses:
@@ -181,13 +165,12 @@ def supervise_until_exit(options: ActorOptions) -> ActorProcesses:
 
 
 def test_actor_refused_by_the_learner_or_finished_is_not_restarted(learner):
-    address, outcome = learner
-    refused = supervise_until_exit(ActorOptions(learner=address, token="wrong", retry_for_s=60.0))
+    refused = supervise_until_exit(ActorOptions(learner=learner.address, token="wrong", retry_for_s=60.0))
     assert refused.actors[0].handle.exitcode == 2
     assert refused.restarts == 0 and refused.all_exited()
 
-    finished = supervise_until_exit(ActorOptions(learner=address, envs_per_actor=1, token=TOKEN, retry_for_s=60.0))
+    finished = supervise_until_exit(ActorOptions(learner=learner.address, envs_per_actor=1, token=TOKEN,
+                                                 retry_for_s=60.0))
     assert finished.actors[0].handle.exitcode == 0
     assert finished.restarts == 0 and finished.all_exited()
-    wait_for(lambda: "summary" in outcome)
-    assert outcome["summary"]["env_steps"] == 8
+    assert learner.wait_finished(timeout=30)["env_steps"] == 8

@@ -10,14 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
 import time
 
 import pytest
-from conftest import lockstep_cmd
-
-from lockstep import config as config_lib
-from lockstep.learner.wiring import Learner
+from conftest import RunningLearner, learner_config, lockstep_cmd
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -34,23 +30,12 @@ def _certificate(directory, name: str) -> tuple[str, str]:
     return str(cert), str(key)
 
 
-class _Learner:
-    def __init__(self, run_dir, tls: tuple[str, str] | None) -> None:
-        config = config_lib.Config()
-        config.run.progress = False
-        config.ppo.total_steps = 10**9
-        config.ppo.steps_per_env = 16
-        config.learner.min_actors = 1
-        if tls:
-            config.learner.tls_cert, config.learner.tls_key = tls
-        self.learner = Learner(config, run_dir, token=TOKEN)
-        self.thread = threading.Thread(target=self.learner.serve)
-        self.thread.start()
-        self.address = f"127.0.0.1:{self.learner.wait_ready(timeout=60)}"
-
-    def close(self) -> None:
-        self.learner.stop()
-        self.thread.join(timeout=30)
+def _learner(run_dir, tls: tuple[str, str] | None) -> RunningLearner:
+    """A strict CartPole learner (16 steps per phase) that wants ``TOKEN``, on real gRPC, with TLS if given."""
+    cert, key = tls or ("", "")
+    config = learner_config({"ppo.steps_per_env": 16, "learner.min_actors": 1,
+                             "learner.tls_cert": cert, "learner.tls_key": key})
+    return RunningLearner(config, run_dir, token=TOKEN)
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +46,16 @@ def certs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tls_learner(tmp_path_factory, certs):
-    running = _Learner(tmp_path_factory.mktemp("tls") / "run", certs["learner"])
+    running = _learner(tmp_path_factory.mktemp("tls") / "run", certs["learner"])
     yield running
-    running.close()
+    running.stop()
 
 
 @pytest.fixture(scope="module")
 def plain_learner(tmp_path_factory):
-    running = _Learner(tmp_path_factory.mktemp("plain") / "run", None)
+    running = _learner(tmp_path_factory.mktemp("plain") / "run", None)
     yield running
-    running.close()
+    running.stop()
 
 
 def _actor(address: str, *flags: str) -> tuple[int, float, str]:

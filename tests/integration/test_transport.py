@@ -1,12 +1,11 @@
-"""The actor-learner protocol over real gRPC on loopback: handshake, validation, separate processes."""
+"""The actor-learner protocol over real gRPC on loopback: handshake, validation, separate learner and actor
+processes; and an interrupted ``lockstep train`` (actor processes over the same-host transport) leaves no actor."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,9 +16,7 @@ import pytest
 from conftest import lockstep_cmd
 from protocol import empty_step, hello
 
-from lockstep import config as config_lib
 from lockstep.envs import SpaceSpec, env_spec
-from lockstep.learner.wiring import Learner
 from lockstep.transport import METHOD, PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.generate import PROTO, generate
@@ -32,32 +29,16 @@ def test_committed_generated_module_matches_the_proto(tmp_path):
     assert generated.read_text() == committed.read_text(), "run `make proto` and commit the result"
 
 
-def _learner_config() -> config_lib.Config:
-    """CartPole, strict, one actor, a step budget no test reaches."""
-    config = config_lib.Config()
-    config.run.progress = False
-    config.ppo.total_steps = 10**9
-    config.actors.count = 1
-    return config
-
-
 @pytest.fixture
-def learner(tmp_path):
-    """A CartPole learner serving on a free loopback port, in a thread."""
-    learner = Learner(_learner_config(), tmp_path / "run")
-    thread = threading.Thread(target=learner.serve)
-    thread.start()
-    learner.wait_ready(timeout=30)
-    yield learner
-    learner.stop()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+def learner(running_learner):
+    """A strict CartPole learner (one actor, 128 steps per phase) serving real gRPC on a free loopback port."""
+    return running_learner()
 
 
 def test_actor_with_a_different_observation_space_is_refused_with_the_mismatch_named(learner):
     acrobot = env_spec("Acrobot-v1")
     with pytest.raises(grpc.RpcError) as err:
-        Connection(f"127.0.0.1:{learner.port}", hello(observation=acrobot.observation), connect_timeout=10)
+        Connection(learner.address, hello(observation=acrobot.observation), connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "observation space" in err.value.details()
     assert "(6,)" in err.value.details() and "(4,)" in err.value.details()
@@ -66,21 +47,21 @@ def test_actor_with_a_different_observation_space_is_refused_with_the_mismatch_n
 
 def test_actor_speaking_another_protocol_version_is_refused_by_name(learner):
     with pytest.raises(grpc.RpcError) as err:
-        Connection(f"127.0.0.1:{learner.port}", hello(protocol=PROTOCOL + 1), connect_timeout=10)
+        Connection(learner.address, hello(protocol=PROTOCOL + 1), connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"actor speaks protocol {PROTOCOL + 1}, the learner {PROTOCOL}" in err.value.details()
 
 
 def test_actor_with_a_different_action_space_is_refused(learner):
     with pytest.raises(grpc.RpcError) as err:
-        Connection(f"127.0.0.1:{learner.port}", hello(action=SpaceSpec("discrete", (), "int64", n=3)),
+        Connection(learner.address, hello(action=SpaceSpec("discrete", (), "int64", n=3)),
                    connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "action space Discrete(3) does not match Discrete(2)" in err.value.details()
 
 
 def test_first_message_must_be_a_hello(learner):
-    channel = grpc.insecure_channel(f"127.0.0.1:{learner.port}")
+    channel = grpc.insecure_channel(learner.address)
     call = channel.stream_stream(METHOD, request_serializer=pb.ActorMessage.SerializeToString,
                                  response_deserializer=pb.LearnerMessage.FromString)
     responses = call(iter([pb.ActorMessage(step=empty_step(np.zeros((2, 4), np.float32)))]))
@@ -92,7 +73,7 @@ def test_first_message_must_be_a_hello(learner):
 
 
 def test_wrong_observation_shape_in_a_step_is_rejected_by_name(learner):
-    conn = Connection(f"127.0.0.1:{learner.port}", hello(), connect_timeout=10)
+    conn = Connection(learner.address, hello(), connect_timeout=10)
     with pytest.raises(grpc.RpcError) as err:
         conn.step(empty_step(np.zeros((2, 5), np.float32)), np.int64, ())
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -102,9 +83,9 @@ def test_wrong_observation_shape_in_a_step_is_rejected_by_name(learner):
 
 def test_the_same_run_id_on_a_second_connection_is_refused_while_the_first_is_connected(learner):
     """A new run id would replace the first connection (test_reconnect.py); the same one is a duplicate."""
-    first = Connection(f"127.0.0.1:{learner.port}", hello(actor_id=7, run_id="test"), connect_timeout=10)
+    first = Connection(learner.address, hello(actor_id=7, run_id="test"), connect_timeout=10)
     with pytest.raises(grpc.RpcError) as err:
-        Connection(f"127.0.0.1:{learner.port}", hello(actor_id=7, run_id="test"), connect_timeout=10)
+        Connection(learner.address, hello(actor_id=7, run_id="test"), connect_timeout=10)
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert "actor id 7" in err.value.details() and "run id test" in err.value.details()
     first.close()
@@ -112,9 +93,9 @@ def test_the_same_run_id_on_a_second_connection_is_refused_while_the_first_is_co
 
 def test_actions_are_stamped_with_the_policy_version(learner):
     """Strict: every step of phase v is answered by version v, and each phase's training publishes v + 1."""
-    T, phases = _learner_config().ppo.steps_per_env, 3
+    T, phases = learner.learner.config.ppo.steps_per_env, 3
     rng = np.random.default_rng(0)
-    conn = Connection(f"127.0.0.1:{learner.port}", hello(num_envs=3), connect_timeout=10)
+    conn = Connection(learner.address, hello(num_envs=3), connect_timeout=10)
     stamps = []
     try:
         # The last request completes phase phases - 1; it is answered once version `phases` is published.
@@ -143,11 +124,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_separately_started_learner_and_actor_train_together(tmp_path, free_port):
-    run_dir = tmp_path / "run"
+def test_separately_started_learner_and_actor_train_together(run_dir, free_port):
     learner = subprocess.Popen(
         [*lockstep_cmd(), "learner", "--env", "CartPole-v1", "--listen", f"127.0.0.1:{free_port}",
-         "--min-actors", "1", "--total-steps", "2048", "--run-dir", str(run_dir), "--no-progress"],
+         "--min-actors", "1", "--total-steps", "2048", "--run-dir", str(run_dir.path), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         actor = subprocess.run(
@@ -160,20 +140,20 @@ def test_separately_started_learner_and_actor_train_together(tmp_path, free_port
     assert actor.returncode == 0, actor.stderr
     assert "the learner finished training" in actor.stderr
     assert learner.returncode == 0, out
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = run_dir.summary()
     assert summary["env_steps"] == 2048 and summary["iterations"] == 4
 
 
 @pytest.mark.slow
-def test_interrupted_train_leaves_no_actor_processes(tmp_path):
+def test_interrupted_train_leaves_no_actor_processes(run_dir):
     proc = subprocess.Popen(
         [*lockstep_cmd(), "train", "--config", "cartpole-cleanrl", "--actors", "2", "--total-steps", "10000000",
-         "--transport", "shm", "--run-dir", str(tmp_path / "run"), "--no-progress"],
+         "--transport", "shm", "--run-dir", str(run_dir.path), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
         actors: set[int] = set()
-        while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.csv").exists():
+        while time.monotonic() < deadline and not run_dir.metrics_path.exists():
             time.sleep(0.2)
         time.sleep(1.0)
         actors = {pid for pid in _children(proc.pid) if _alive(pid)}
@@ -185,7 +165,7 @@ def test_interrupted_train_leaves_no_actor_processes(tmp_path):
     assert proc.returncode == 130, out
     time.sleep(0.5)
     assert not [pid for pid in actors if _alive(pid)], f"orphaned actors: {actors}"
-    assert (tmp_path / "run" / "checkpoints" / "final.pt").exists()
+    assert (run_dir.checkpoints / "final.pt").exists()
 
 
 def _threads(pid: int) -> int:

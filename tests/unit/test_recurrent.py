@@ -8,7 +8,6 @@ initial states and catches a planted change; an LSTM learns a memory task that a
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,6 @@ from lockstep import config as config_lib
 from lockstep.config import ModelConfig
 from lockstep.envs import env_spec
 from lockstep.launch.local import train
-from lockstep.learner.wiring import Learner
 from lockstep.models import RecurrentPolicy, build_policy
 from lockstep.tools import audit
 from lockstep.transport import lockstep_pb2 as pb
@@ -121,17 +119,10 @@ def _step(obs: np.ndarray, terminated=(False, False)) -> pb.Step:
                          np.zeros(0, np.int64))
 
 
-def test_a_session_carries_each_slots_state_resets_it_on_done_and_on_a_new_run_id(tmp_path):
-    config = config_lib.Config()
-    config.run.progress = False
-    config.ppo.steps_per_env = 16
-    config.ppo.total_steps = 10**9
-    config.learner.min_actors = 1
-    config.model.hidden, config.model.lstm_size = [16], 8
-    learner = Learner(config, tmp_path / "run")
-    thread = threading.Thread(target=learner.serve)
-    thread.start()
-    port = learner.wait_ready(timeout=30)
+def test_a_session_carries_each_slots_state_resets_it_on_done_and_on_a_new_run_id(running_learner):
+    running = running_learner({"ppo.steps_per_env": 16, "learner.min_actors": 1, "model.hidden": [16],
+                               "model.lstm_size": 8})
+    learner = running.learner
     model = learner.trainer.model  # version 0 serves the whole first phase: nothing trains before 16 steps
 
     def expected(sequence: list[np.ndarray], starts: list[tuple[bool, bool]]) -> np.ndarray:
@@ -142,28 +133,23 @@ def test_a_session_carries_each_slots_state_resets_it_on_done_and_on_a_new_run_i
 
     rng = np.random.default_rng(0)
     seen = [rng.normal(size=(2, 4)).astype(np.float32) for _ in range(4)]
-    try:
-        conn = Connection(f"127.0.0.1:{port}", hello(actor_id=3), connect_timeout=10)
-        conn.step(_step(seen[0]), np.int64, ())
-        session = learner.sessions._live[3]
-        np.testing.assert_allclose(session.state, expected(seen[:1], [(False, False)]), atol=1e-6)
-        conn.step(_step(seen[1]), np.int64, ())
-        np.testing.assert_allclose(session.state, expected(seen[:2], [(False, False)] * 2), atol=1e-6)
-        conn.step(_step(seen[2], terminated=(False, True)), np.int64, ())  # slot 1's episode ended: seen[2] starts one
-        np.testing.assert_allclose(session.state, expected(seen[:3], [(False, False)] * 2 + [(False, True)]),
-                                   atol=1e-6)
-        assert np.array_equal(session.unroll.initial_state, np.zeros((2, 16)))
-        # the same actor again with a new run id (a restart): a new session, from zeros
-        again = Connection(f"127.0.0.1:{port}", hello(actor_id=3), connect_timeout=10)
-        again.step(_step(seen[3]), np.int64, ())
-        fresh = learner.sessions._live[3]
-        assert fresh is not session
-        np.testing.assert_allclose(fresh.state, expected(seen[3:4], [(False, False)]), atol=1e-6)
-        again.close()
-        conn.close()
-    finally:
-        learner.stop()
-        thread.join(timeout=30)
+    conn = Connection(running.address, hello(actor_id=3), connect_timeout=10)
+    conn.step(_step(seen[0]), np.int64, ())
+    session = learner.sessions._live[3]
+    np.testing.assert_allclose(session.state, expected(seen[:1], [(False, False)]), atol=1e-6)
+    conn.step(_step(seen[1]), np.int64, ())
+    np.testing.assert_allclose(session.state, expected(seen[:2], [(False, False)] * 2), atol=1e-6)
+    conn.step(_step(seen[2], terminated=(False, True)), np.int64, ())  # slot 1's episode ended: seen[2] starts one
+    np.testing.assert_allclose(session.state, expected(seen[:3], [(False, False)] * 2 + [(False, True)]), atol=1e-6)
+    assert np.array_equal(session.unroll.initial_state, np.zeros((2, 16)))
+    # the same actor again with a new run id (a restart): a new session, from zeros
+    again = Connection(running.address, hello(actor_id=3), connect_timeout=10)
+    again.step(_step(seen[3]), np.int64, ())
+    fresh = learner.sessions._live[3]
+    assert fresh is not session
+    np.testing.assert_allclose(fresh.state, expected(seen[3:4], [(False, False)]), atol=1e-6)
+    again.close()
+    conn.close()
 
 
 # -- end to end ---------------------------------------------------------------------------------------

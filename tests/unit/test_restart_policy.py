@@ -4,15 +4,12 @@ and the in-process launcher following it with a real learner and a real env that
 from __future__ import annotations
 
 import sys
-import threading
 import time
 
 import pytest
 
-from lockstep import config as config_lib
 from lockstep.launch.inprocess import InProcessActors
 from lockstep.launch.restart import FAILED, FINISHED, REFUSED, RestartPolicy
-from lockstep.learner.wiring import Learner
 
 RAISING_ENV = '''
 import gymnasium as gym
@@ -63,28 +60,17 @@ def test_no_restart_once_training_is_over_nor_past_max_restarts():
 
 
 @pytest.fixture
-def learner(tmp_path, monkeypatch):
+def learner(tmp_path, monkeypatch, running_learner):
     (tmp_path / "raisingenv.py").write_text(RAISING_ENV)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("raisingenv", None)
-    config = config_lib.Config()
-    config.run.progress = False
-    config.ppo.total_steps = 10**9
-    config.actors.count = 1
-    learner = Learner(config, tmp_path / "run")
-    thread = threading.Thread(target=learner.serve)
-    thread.start()
-    learner.wait_ready(timeout=30)
-    yield learner
-    learner.stop()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+    return running_learner()
 
 
 def test_in_process_actors_whose_env_raises_are_restarted_with_backoff_until_their_restarts_are_spent(learner):
     backoff_s = 0.2
     actors = InProcessActors("raisingenv:make", 2, [0], RestartPolicy(2, backoff_s=backoff_s, max_backoff_s=1.0))
-    actors.start(learner)
+    actors.start(learner.learner)
     started, restarted_at = time.monotonic(), []
     try:
         deadline = started + 30

@@ -8,19 +8,14 @@ learner and the actor as ``test_step_validation:short_cartpole``), so truncation
 
 from __future__ import annotations
 
-import threading
-
 import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
 from protocol import hello
 
-from lockstep import config as config_lib
 from lockstep.actor import EnvLoop
 from lockstep.envs import SpaceSpec, env_seeds, make_vector_env
-from lockstep.learner.wiring import Learner
-from lockstep.observe.run_dir import RunDir
 from lockstep.transport import METHOD
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.grpc.client import Connection
@@ -63,20 +58,9 @@ class _Actor:
 
 
 @pytest.fixture
-def learner(tmp_path):
-    config = config_lib.Config()
-    config.env.id, config.actors.count = ENV, 1
-    config.learner.min_actors = 1
-    config.ppo.steps_per_env, config.ppo.total_steps = T, 10**9
-    config.run.progress = False
-    learner = Learner(config, tmp_path / "run")
-    thread = threading.Thread(target=learner.serve)
-    thread.start()
-    port = learner.wait_ready(timeout=30)
-    yield f"127.0.0.1:{port}", tmp_path / "run"
-    learner.stop()
-    thread.join(timeout=60)
-    assert not thread.is_alive()
+def learner(running_learner):
+    """A strict learner of the short CartPole, one actor, T steps per phase, on real gRPC."""
+    return running_learner({"env.id": ENV, "ppo.steps_per_env": T})
 
 
 def _rogue(address: str, greeting: pb.Hello, step: pb.Step) -> grpc.RpcError:
@@ -119,9 +103,9 @@ def test_the_actor_sends_final_observations_for_exactly_the_truncated_slots():
     ([0, 0], [0, 1], [], "slot 1 was truncated but has no final observation"),
     ([0, 0], [1, 0], [0, 0], "names slot 0 twice"),
 ])
-def test_a_step_with_a_bad_final_index_is_refused_while_a_good_actor_trains_on(learner, terminated, truncated,
-                                                                               final_index, problem):
-    address, run_dir = learner
+def test_a_step_with_a_bad_final_index_is_refused_while_a_good_actor_trains_on(learner, run_dir, terminated,
+                                                                               truncated, final_index, problem):
+    address = learner.address
     good = _Actor(address, actor_id=0, num_envs=2)
     try:
         # a strict phase of T steps per version: the step after 2 * T acts with version 2
@@ -141,4 +125,4 @@ def test_a_step_with_a_bad_final_index_is_refused_while_a_good_actor_trains_on(l
         assert good.final_observations > 0
     finally:
         good.close()
-    assert len(RunDir(run_dir).metrics()) >= 3  # iterations 1-3 are recorded before version 4 can serve
+    assert len(run_dir.metrics()) >= 3  # iterations 1-3 are recorded before version 4 can serve

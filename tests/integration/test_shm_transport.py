@@ -271,14 +271,11 @@ def test_hostile_local_clients_are_refused_by_name_while_a_good_actor_trains(tmp
     assert actor.returncode == 0, actor.stderr.read()
 
 
-def test_a_client_that_says_nothing_is_dropped_after_the_hello_deadline(tmp_path, monkeypatch):
-    from lockstep.transport.shm import server as shm
-
-    monkeypatch.setattr(shm, "HELLO_TIMEOUT_S", 0.3)
-    running = RunningLearner(tmp_path)
+def test_a_client_that_says_nothing_is_dropped_after_the_hello_deadline(tmp_path):
+    running = RunningLearner(tmp_path, hello_timeout_s=0.3)
     try:
         code, message = _refusal(_raw(running.path))
-        assert code == "FAILED_PRECONDITION" and "no hello within" in message
+        assert code == "DEADLINE_EXCEEDED" and "no hello within 0.3 s (learner.hello_timeout_s)" in message
     finally:
         running.close()
 

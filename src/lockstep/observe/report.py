@@ -35,11 +35,12 @@ class Counters:
     off_policy_samples: int = 0
     transitions_collected: int = 0  # every action recorded; = trained + dropped at the end of a run
     collected_steps: int = 0  # transitions whose outcome came back: first_reached counts these
+    evicted_actors: int = 0  # sessions ended by sync.step_deadline_s
 
 
 # Counter columns of metrics.csv that hold an iteration's increase of a run total.
 INCREASES = ("dropped_transitions", "stalls", "wasted_forward_passes", "rejected_rpcs", "torn_reads",
-             "torn_reads_used")
+             "torn_reads_used", "evicted_actors")
 
 
 # Inference counters that a resumed run carries on from its checkpoint.

@@ -22,6 +22,7 @@ ALREADY_EXISTS = "ALREADY_EXISTS"
 UNAVAILABLE = "UNAVAILABLE"  # training is over
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # a message over the size limit
 UNAUTHENTICATED = "UNAUTHENTICATED"  # no token, or the wrong one
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # no hello, or no step, in time: the actor may reconnect
 
 
 class Refused(Exception):

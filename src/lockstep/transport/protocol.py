@@ -66,6 +66,11 @@ class Reply:
 
 
 class ActorSession(Protocol):
+    # Since when (time.perf_counter) the learner waits for the peer's next step: the connection loop sets it
+    # when an answer goes out and clears it when a step arrives; the learner's step deadline reads it.
+    owed_since: float | None
+    evicted: str | None  # why the learner ended the session (the step deadline): the connection ends saying so
+
     async def step(self, data: StepData) -> Reply | None:
         """The reply to a step, or None when training is over; raises Refused to end the connection."""
 

@@ -159,6 +159,18 @@ class LearnerConfig:
     tls_cert: str = setting("", "PEM certificate chain; with learner.tls_key, the learner serves TLS",
                             flag="--tls-cert")
     tls_key: str = setting("", "PEM private key for learner.tls_cert", flag="--tls-key")
+    hello_timeout_s: float = setting(30.0, "a connection that has not said hello within this many seconds is "
+                                           "closed (gRPC: also one that has not finished its HTTP/2 handshake, "
+                                           "or has had no open stream for this long)", gt=0)
+    max_connections: int = setting(1024, "the most connections open at once on each of the gRPC port and the "
+                                         "unix socket; more are refused (the learner raises its open-file limit "
+                                         "to fit)", ge=1)
+
+    def server_limits(self) -> dict[str, Any]:
+        """The limits both servers apply to every connection: keyword arguments of ``LearnerServer`` and
+        ``LocalServer``."""
+        return {"max_message_bytes": self.max_message_mb * 1024 * 1024,
+                "hello_timeout_s": self.hello_timeout_s, "max_connections": self.max_connections}
 
 
 @dataclass
@@ -171,6 +183,10 @@ class SyncConfig:
     max_lag: int = setting(1, "pipelined: the most versions a sample may lag the version that trains on it "
                               "(0 is sync.strategy strict)", flag="--max-lag", ge=1)
     stall_s: float = setting(10.0, "a phase collecting longer than this counts as a stall (and is logged)")
+    step_deadline_s: float = setting(300.0, "an actor the oldest open phase waits for that sends no step for "
+                                            "this many seconds after its last action is evicted, as if it had "
+                                            "disconnected (its unfinished unroll dropped); longer than any env "
+                                            "step", gt=0)
     phase_cutoff: float | None = setting(None, "DD-PPO straggler cut-off: close a phase once this fraction of env "
                                                "slots is full (none: wait for all)", flag="--phase-cutoff", gt=0,
                                          le=1)

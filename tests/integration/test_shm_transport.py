@@ -238,13 +238,10 @@ def test_hostile_local_clients_are_refused_by_name_while_a_good_actor_trains(lea
     assert actor.returncode == 0, actor.stderr.read()
 
 
-def test_a_client_that_says_nothing_is_dropped_after_the_hello_deadline(running_learner, monkeypatch):
-    from lockstep.transport.shm import server as shm
-
-    monkeypatch.setattr(shm, "HELLO_TIMEOUT_S", 0.3)
-    running = running_learner(STRICT, transport="shm")
+def test_a_client_that_says_nothing_is_dropped_after_the_hello_deadline(running_learner):
+    running = running_learner({**STRICT, "learner.hello_timeout_s": 0.3}, transport="shm")
     code, message = _refusal(_raw(running.socket_path))
-    assert code == "FAILED_PRECONDITION" and "no hello within" in message
+    assert code == "DEADLINE_EXCEEDED" and "no hello within 0.3 s (learner.hello_timeout_s)" in message
 
 
 def test_a_region_larger_than_the_message_limit_is_refused_before_the_actor_joins(running_learner):

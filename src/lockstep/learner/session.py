@@ -11,12 +11,21 @@ is dropped and counted): the actor noticed a broken connection before the learne
 did. The replaced connection, if it is still alive (two actors given the same id),
 is refused on its next step with a message that says so. A run id whose connection
 ended can never come back, so a replayed hello is refused.
+
+Step deadline: an actor that the oldest open phase waits for and that owes the learner its next step
+(``owed_since``, stamped by the connection loop when the learner's answer went out) for longer than
+``sync.step_deadline_s`` is *evicted* by the watchdog exactly as if it had disconnected: it leaves the
+gate, its unfinished unroll is dropped and counted, and its connection is ended with DEADLINE_EXCEEDED
+(the actor may reconnect with a new run id). A silent member, a hung env or a peer that never reads its
+replies can therefore hold a phase for at most the deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +47,9 @@ from lockstep.transport.protocol import (
     Reply,
     Welcome,
 )
+
+if TYPE_CHECKING:
+    from lockstep.config import SyncConfig
 
 log = logging.getLogger("lockstep.learner.wiring")
 
@@ -117,20 +129,38 @@ class Sessions:
         session.replaced_by = replaced_by
         session.cancel_wait()
         self.phases.close(closed)
-        if replaced_by is None and not self.finished:
+        if replaced_by is None and not self.finished and session.evicted is None:
             log.info("actor %d left; %d transition(s) of its unfinished unroll dropped", session.member, dropped)
         return dropped
 
-    async def watchdog(self, stall_s: float) -> None:
-        """Log, once per phase, which actors a phase waits for when it collects for longer than ``stall_s``."""
+    async def watchdog(self, config: SyncConfig) -> None:
+        """Log, once per phase, which actors a phase waits for when it collects for longer than
+        ``config.stall_s``; evict those that owe their next step for longer than ``config.step_deadline_s``."""
+        stall_s, deadline_s = config.stall_s, config.step_deadline_s
         warned_phase = -1
         while True:
-            await asyncio.sleep(min(1.0, stall_s / 2))
+            await asyncio.sleep(min(1.0, stall_s / 2, deadline_s / 4))
+            self.evict_late(deadline_s)
             phase = self.gate.oldest_open
             if self.clock.started and self.phases.collecting_s() > stall_s and warned_phase != phase:
                 warned_phase = phase
                 log.warning("phase %d has collected for more than %.0f s; waiting for %s",
                             phase, stall_s, self.describe(self.gate.waiting_for()) or "actors to connect")
+
+    def evict_late(self, deadline_s: float) -> None:
+        """Evict every actor the oldest open phase waits for whose next step is more than ``deadline_s`` late."""
+        now, phase = time.perf_counter(), self.gate.oldest_open
+        for member in self.gate.waiting_for():
+            session = self._live.get(member)
+            if session is None or session.owed_since is None or now - session.owed_since <= deadline_s:
+                continue
+            session.evicted = (f"actor {member}: evicted, no step for {now - session.owed_since:.0f} s after the "
+                               f"learner's last answer while phase {phase} waits for it (sync.step_deadline_s = "
+                               f"{deadline_s:g}); a restarted actor says hello with a new run id")
+            self.counters.evicted_actors += 1
+            dropped = self.disconnect(session)
+            log.warning("%s; %d transition(s) of its unfinished unroll dropped", session.evicted, dropped)
+            session.end_connection()
 
     def publish(self, version: int) -> None:
         """Release the requests held for ``version`` (``gate.publish``), timing their release for ``releases``.
@@ -176,6 +206,10 @@ class Session:
         self._held: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        # since when (time.perf_counter) the learner waits for this actor's next step; None while it serves one
+        self.owed_since: float | None = None
+        self.evicted: str | None = None  # why the step deadline ended this session
+        self._connection = asyncio.current_task()  # the task serving its connection: eviction ends it
 
     async def step(self, data: StepData) -> Reply | None:
         sessions = self.sessions
@@ -263,6 +297,11 @@ class Session:
         """The session or the training ended while one of its requests was held: wake it so it can say why."""
         if self._held is not None and not self._held.done():
             self._held.set_result(None)
+
+    def end_connection(self) -> None:
+        """End the connection of an evicted session (its connection loop tells the actor ``evicted``)."""
+        if self._connection is not None:
+            self._connection.cancel()
 
     def drop_unfinished(self) -> int:
         """Discard the unroll this actor had not finished; return the transitions dropped."""

@@ -152,8 +152,7 @@ class Learner:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         cfg = self.config.learner
-        limits = {"max_message_bytes": cfg.max_message_mb * 1024 * 1024,
-                  "bounds": StepBounds(cfg.max_observation, cfg.max_reward, cfg.sanitize)}
+        limits = cfg.server_limits() | {"bounds": StepBounds(cfg.max_observation, cfg.max_reward, cfg.sanitize)}
         server, local = self._servers = [LearnerServer(self.sessions, cfg.listen, token=self.token, **limits,
                                                        tls=(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert else None),
                                          shm.LocalServer(self.sessions, **limits)]  # actors on this host
@@ -167,7 +166,7 @@ class Learner:
                  self.port, self.local_address or "no unix socket", self.config.min_actors, self.strategy.name)
         self._ready.set()
         trainer.start()
-        watchdog = asyncio.create_task(self.sessions.watchdog(self.config.sync.stall_s))
+        watchdog = asyncio.create_task(self.sessions.watchdog(self.config.sync))
         try:
             await self._stop.wait()
         finally:

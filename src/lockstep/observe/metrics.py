@@ -24,6 +24,7 @@ COLUMNS = [
     "inference_batch_mean", "collect_s", "train_s", "dropped_transitions", "actors", "lr",
     "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
     "wasted_forward_passes", "rejected_rpcs", "torn_reads", "stalls", "torn_reads_used", "skipped_updates",
+    "evicted_actors",
 ]
 
 

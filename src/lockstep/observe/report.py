@@ -36,11 +36,12 @@ class Counters:
     transitions_collected: int = 0  # every action recorded; = trained + dropped at the end of a run
     collected_steps: int = 0  # transitions whose outcome came back: first_reached counts these
     skipped_updates: int = 0  # gradient steps not taken: their loss or gradient was not finite (ppo.optimize)
+    evicted_actors: int = 0  # sessions ended by sync.step_deadline_s
 
 
 # Counter columns of metrics.csv that hold an iteration's increase of a run total.
 INCREASES = ("dropped_transitions", "stalls", "wasted_forward_passes", "rejected_rpcs", "torn_reads",
-             "torn_reads_used", "skipped_updates")
+             "torn_reads_used", "skipped_updates", "evicted_actors")
 
 
 # Inference counters that a resumed run carries on from its checkpoint.

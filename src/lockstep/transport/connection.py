@@ -9,18 +9,42 @@ serves a framing that sends its own messages (shared memory, in-process).
 Every connection ends the same way: a refused hello or step is logged once per peer and kind
 (``RefusalLog``) and told to the peer with its status code, and the session, once there is one, is
 closed whatever ended the connection (the actor gone, a refusal, training over, an error).
+
+Deadlines: a peer that has not said hello within ``hello_timeout_s`` is refused with DEADLINE_EXCEEDED.
+From the welcome on, the loop stamps the session's ``owed_since`` whenever the learner has answered and
+waits for the peer (cleared when its next step arrives): the learner's step deadline evicts a session
+that owes a step for too long, and its connection ends here with DEADLINE_EXCEEDED and the reason.
+
+Open files: ``reserve_descriptors`` raises the process's soft RLIMIT_NOFILE so that a server's
+connection cap fits beside the learner's own files (checkpoints, logs, the libraries' descriptors).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from lockstep.transport.codec import CodecError
 from lockstep.transport.messages import HelloInfo, StepData
-from lockstep.transport.protocol import INVALID_ARGUMENT, ActorHandler, RefusalLog, Refused, Reply, Welcome
+from lockstep.transport.protocol import (
+    DEADLINE_EXCEEDED,
+    INVALID_ARGUMENT,
+    ActorHandler,
+    RefusalLog,
+    Refused,
+    Reply,
+    Welcome,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HELLO_TIMEOUT_S = 30.0
+FILES_MARGIN = 256  # descriptors kept free beside the connections: checkpoints, logs, event files, libraries
 
 
 class Framing(Protocol):
@@ -63,22 +87,29 @@ class CodecClock:
         self.seconds = 0.0
 
 
-async def serve_connection(framing: Framing, handler: ActorHandler, refusals: RefusalLog,
-                           codec: CodecClock) -> AsyncIterator[Any]:
+async def serve_connection(framing: Framing, handler: ActorHandler, refusals: RefusalLog, codec: CodecClock,
+                           hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S) -> AsyncIterator[Any]:
     """Serve one actor through ``framing`` for ``handler``; yield each message to send, in order."""
     who = framing.peer
     hello = session = None
     try:
         try:
-            hello = await framing.hello()
+            try:
+                async with asyncio.timeout(hello_timeout_s):
+                    hello = await framing.hello()
+            except TimeoutError:
+                raise Refused(DEADLINE_EXCEEDED, f"no hello within {hello_timeout_s:g} s "
+                              "(learner.hello_timeout_s)") from None
             if hello is None:
                 return
             who = f"actor {hello.actor_id}"
             session, welcome = handler.connect(hello)
-            yield framing.welcome(hello, welcome)
             decode, encode, step, clock = framing.decode, framing.reply, session.step, time.perf_counter  # per step
+            session.owed_since = clock()
+            yield framing.welcome(hello, welcome)
             async for message in framing.incoming:
                 start = clock()
+                session.owed_since = None
                 data = decode(message, hello)
                 codec.seconds += clock() - start
                 reply = await step(data)
@@ -89,13 +120,19 @@ async def serve_connection(framing: Framing, handler: ActorHandler, refusals: Re
                     return
                 start = clock()
                 message = encode(reply)
-                codec.seconds += clock() - start
+                session.owed_since = end = clock()  # from here the peer owes the next step (sending counts too)
+                codec.seconds += end - start
                 yield message
             return  # the peer left
         except Refused as err:
             refusal = err.code, str(err)
         except CodecError as err:
             refusal = INVALID_ARGUMENT, f"hello: {err}" if hello is None else f"{who}: {err}"
+        except asyncio.CancelledError:
+            if session is None or session.evicted is None:
+                raise
+            asyncio.current_task().uncancel()  # the step deadline ended it: tell the peer why
+            refusal = DEADLINE_EXCEEDED, session.evicted
         refusals(who, *refusal)
         await framing.refuse(*refusal)
     finally:
@@ -110,8 +147,46 @@ class SendingFraming(Framing, Protocol):
 
 
 async def send_connection(framing: SendingFraming, handler: ActorHandler, refusals: RefusalLog,
-                          codec: CodecClock) -> None:
+                          codec: CodecClock, hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S) -> None:
     """``serve_connection`` for a framing that sends its own messages; the session is closed before this returns."""
-    async with contextlib.aclosing(serve_connection(framing, handler, refusals, codec)) as messages:
+    async with contextlib.aclosing(serve_connection(framing, handler, refusals, codec, hello_timeout_s)) as messages:
         async for message in messages:
             await framing.send(message)
+
+
+_reserved = 0  # descriptors the running servers of this process have reserved for their connections
+
+
+def reserve_descriptors(count: int, what: str) -> None:
+    """Make room for ``count`` more open files (``what``'s connection cap): raise the soft RLIMIT_NOFILE to
+    the files open now, plus every reservation, plus ``FILES_MARGIN``; warn when the hard limit is lower.
+    ``release_descriptors`` gives the reservation back (the limit stays where it is)."""
+    global _reserved
+    _reserved += count
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: nothing to raise
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = _open_files() + _reserved + FILES_MARGIN
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        log.info("raised the open-file limit from %d to %d for %s", soft, target, what)
+    if target < need:
+        log.warning("the open-file limit's hard limit (%d) is below the %d that %s and the learner's own files may "
+                    "need; lower learner.max_connections or raise the hard limit (ulimit -Hn)", hard, need, what)
+
+
+def release_descriptors(count: int) -> None:
+    global _reserved
+    _reserved = max(0, _reserved - count)
+
+
+def _open_files() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 64  # no /proc: a guess at a fresh interpreter's descriptors

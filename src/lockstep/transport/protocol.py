@@ -22,6 +22,7 @@ ALREADY_EXISTS = "ALREADY_EXISTS"
 UNAVAILABLE = "UNAVAILABLE"  # training is over
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # a message over the size limit
 UNAUTHENTICATED = "UNAUTHENTICATED"  # no token, or the wrong one
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # no hello, or no step, in time: the actor may reconnect
 
 
 class Refused(Exception):
@@ -65,6 +66,11 @@ class Reply:
 
 
 class ActorSession(Protocol):
+    # Since when (time.perf_counter) the learner waits for the peer's next step: the connection loop sets it
+    # when an answer goes out and clears it when a step arrives; the learner's step deadline reads it.
+    owed_since: float | None
+    evicted: str | None  # why the learner ended the session (the step deadline): the connection ends saying so
+
     async def step(self, data: StepData) -> Reply | None:
         """The reply to a step, or None when training is over; raises Refused to end the connection."""
 

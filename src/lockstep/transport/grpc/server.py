@@ -4,6 +4,11 @@ A held request is an awaited future inside the stream's coroutine, so holding
 any number of requests costs no thread. The server only decodes and validates
 (``GrpcFraming``, served by ``connection.serve_connection``); what to do with a
 step is the ``ActorHandler``'s business.
+
+Connections are bounded: at most ``max_connections`` TCP connections (gRPC core closes more at once)
+and as many open streams (more are refused with RESOURCE_EXHAUSTED); a connection that has not
+finished its HTTP/2 handshake, or has had no open stream, for ``hello_timeout_s`` is closed, and a
+stream that has not said hello in that time is refused with DEADLINE_EXCEEDED.
 """
 
 from __future__ import annotations
@@ -16,7 +21,13 @@ from google.protobuf.message import DecodeError
 from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES, SERVICE
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import encode
-from lockstep.transport.connection import CodecClock, serve_connection
+from lockstep.transport.connection import (
+    DEFAULT_HELLO_TIMEOUT_S,
+    CodecClock,
+    release_descriptors,
+    reserve_descriptors,
+    serve_connection,
+)
 from lockstep.transport.grpc import security
 from lockstep.transport.messages import (
     DEFAULT_BOUNDS,
@@ -29,6 +40,7 @@ from lockstep.transport.messages import (
 from lockstep.transport.protocol import (
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,
+    RESOURCE_EXHAUSTED,
     UNAUTHENTICATED,
     ActorHandler,
     RefusalLog,
@@ -40,7 +52,12 @@ from lockstep.transport.protocol import (
 log = logging.getLogger(__name__)
 
 
-def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+DEFAULT_MAX_CONNECTIONS = 1024
+
+
+def server_options(max_message_bytes: int, hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S,
+                   max_connections: int = DEFAULT_MAX_CONNECTIONS) -> list[tuple[str, int]]:
+    idle_ms = max(1, round(hello_timeout_s * 1000))
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -49,6 +66,9 @@ def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.so_reuseport", 0),
+        ("grpc.server_handshake_timeout_ms", idle_ms),  # a TCP connection that never speaks HTTP/2 ...
+        ("grpc.max_connection_idle_ms", idle_ms),  # ... or opens no stream is closed, so it holds no descriptor
+        ("grpc.max_allowed_incoming_connections", max_connections),
     ]
 
 
@@ -132,14 +152,18 @@ class LearnerServer:
 
     def __init__(self, handler: ActorHandler, listen: str, *, token: str | None = None,
                  tls: tuple[str, str] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 bounds: StepBounds = DEFAULT_BOUNDS) -> None:
+                 bounds: StepBounds = DEFAULT_BOUNDS, hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         security.check_server(listen, token, *(tls or (None, None)))
         self._handler = handler
         self._listen = listen
         self._token = token
         self._credentials = security.server_credentials(*tls) if tls else None
         self._bounds = bounds  # of every step's values (messages.check_step)
-        self._server = grpc.aio.server(options=server_options(max_message_bytes))
+        self._hello_timeout_s, self._max_connections = hello_timeout_s, max_connections
+        self._streams = 0  # open actor streams, at most max_connections
+        self._reserved = 0
+        self._server = grpc.aio.server(options=server_options(max_message_bytes, hello_timeout_s, max_connections))
         rpc = grpc.stream_stream_rpc_method_handler(
             self._connect, request_deserializer=_deserialize,
             response_serializer=pb.LearnerMessage.SerializeToString,
@@ -155,6 +179,8 @@ class LearnerServer:
         return self._codec.seconds
 
     async def start(self) -> int:
+        reserve_descriptors(self._max_connections, "the gRPC server's learner.max_connections")
+        self._reserved = self._max_connections
         if self._credentials is not None:
             self.port = self._server.add_secure_port(self._listen, self._credentials)
         else:
@@ -166,10 +192,22 @@ class LearnerServer:
 
     async def stop(self, grace: float | None = 1.0) -> None:
         await self._server.stop(grace)
+        release_descriptors(self._reserved)
+        self._reserved = 0
 
     async def _connect(self, requests, context: grpc.aio.ServicerContext):
         """One actor's stream, as an async generator of replies (grpc.aio serves only a generator
         function's stream this way)."""
-        framing = GrpcFraming(requests, context, self._token, self._bounds)
-        async for message in serve_connection(framing, self._handler, self._refusals, self._codec):
-            yield message
+        if self._streams >= self._max_connections:
+            message = (f"the learner serves at most {self._max_connections} actor streams at once "
+                       "(learner.max_connections)")
+            self._refusals("gRPC clients", RESOURCE_EXHAUSTED, message)  # logged once, not per peer
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+        self._streams += 1
+        try:
+            framing = GrpcFraming(requests, context, self._token, self._bounds)
+            async for message in serve_connection(framing, self._handler, self._refusals, self._codec,
+                                                  self._hello_timeout_s):
+                yield message
+        finally:
+            self._streams -= 1

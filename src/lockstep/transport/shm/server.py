@@ -12,6 +12,12 @@ the hello and its protocol version, every step validated by ``messages.check_ste
 been copied out of the region, refusals with the same codes. A connection's end (EOF, reset, the actor
 killed) ends its session at once, also while its request is held, as a cancelled gRPC stream does.
 
+Bounds: at most ``max_connections`` connections at once (one more is sent a RESOURCE_EXHAUSTED refusal
+and closed); a client that has not said hello within ``hello_timeout_s`` is refused (the connection loop's
+deadline). Replies are written without waiting: a real actor reads each reply before it sends its next
+step, so a full socket buffer means a peer that does not read, and its connection is dropped (a refusal
+to such a peer is dropped too); the event loop never waits on a peer.
+
 Access: the socket lives in a fresh private directory (mode 0700; the socket 0600), so only the
 learner's user can connect, and no token is asked for. The directory goes when the server stops.
 """
@@ -33,7 +39,13 @@ from google.protobuf.message import DecodeError
 from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError
-from lockstep.transport.connection import CodecClock, send_connection
+from lockstep.transport.connection import (
+    DEFAULT_HELLO_TIMEOUT_S,
+    CodecClock,
+    release_descriptors,
+    reserve_descriptors,
+    send_connection,
+)
 from lockstep.transport.messages import DEFAULT_BOUNDS, HelloInfo, StepBounds, StepData, check_step, hello_from_proto
 from lockstep.transport.protocol import (
     FAILED_PRECONDITION,
@@ -50,7 +62,7 @@ from lockstep.transport.shm import layout as wire
 
 log = logging.getLogger(__name__)
 
-HELLO_TIMEOUT_S = 30.0  # a client that connects and says nothing is dropped after this
+DEFAULT_MAX_CONNECTIONS = 1024
 SOCKET_NAME = "learner.sock"
 DIR_PREFIX = "lockstep-"
 MAX_PATH = 100  # a unix socket path must fit in sun_path (108 bytes with its NUL, less on some systems)
@@ -65,10 +77,13 @@ class LocalServer:
     """
 
     def __init__(self, handler: ActorHandler, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 bounds: StepBounds = DEFAULT_BOUNDS) -> None:
+                 bounds: StepBounds = DEFAULT_BOUNDS, hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         self._handler = handler
         self._max_bytes = max_message_bytes
         self._bounds = bounds  # of every step's values (messages.check_step)
+        self._hello_timeout_s, self._max_connections = hello_timeout_s, max_connections
+        self._reserved = 0
         self._dir: str | None = None
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
@@ -104,6 +119,8 @@ class LocalServer:
                         "connect over gRPC", path or "a temporary directory", err)
             return None
         os.chmod(path, 0o600)  # the 0700 directory already keeps others out; this says so on the file too
+        reserve_descriptors(self._max_connections, "the unix socket's learner.max_connections")
+        self._reserved = self._max_connections
         listener.listen(128)
         listener.setblocking(False)
         self._listener = listener
@@ -128,6 +145,8 @@ class LocalServer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        release_descriptors(self._reserved)
+        self._reserved = 0
 
     async def _accept(self) -> None:
         loop = asyncio.get_running_loop()
@@ -139,15 +158,28 @@ class LocalServer:
                 await asyncio.sleep(1.0)
                 continue
             sock.setblocking(False)
+            if len(self._tasks) >= self._max_connections:
+                self._refuse_over_cap(sock)
+                continue
             task = asyncio.create_task(self._serve(sock))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _refuse_over_cap(self, sock: socket.socket) -> None:
+        message = (f"the learner serves at most {self._max_connections} connections on its unix socket at once "
+                   "(learner.max_connections)")
+        self._refusals("local clients", RESOURCE_EXHAUSTED, message)  # logged once, not per client
+        with contextlib.suppress(OSError):
+            sock.send(wire.refusal(RESOURCE_EXHAUSTED, message), _NOSIGNAL)
+        sock.close()
 
     async def _serve(self, sock: socket.socket) -> None:
         """One actor's connection: the hello, then one step and one reply at a time until either side ends."""
         framing = ShmFraming(_Peer(sock), self._max_bytes, self._bounds)
         try:
-            await send_connection(framing, self._handler, self._refusals, self._codec)
+            await send_connection(framing, self._handler, self._refusals, self._codec, self._hello_timeout_s)
+        except NotReading as err:
+            log.warning("same-host transport: dropped the connection of %s: %s", framing.who, err)
         except ConnectionError:
             pass  # the actor went away while a reply was on its way: its end, as a closed stream
         except Exception:  # a fault of the learner's: end this connection (the actor reconnects), keep the rest
@@ -169,10 +201,7 @@ class ShmFraming:
         self._fd: int | None = None  # the region's descriptor, until the welcome carries it to the actor
 
     async def hello(self) -> HelloInfo | None:
-        try:
-            hello = await asyncio.wait_for(self._hello(), HELLO_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise Refused(FAILED_PRECONDITION, f"no hello within {HELLO_TIMEOUT_S:.0f} s") from None
+        hello = await self._hello()
         if hello is not None:
             self.who = f"actor {hello.actor_id}"
             self._layout = self._sized(hello)
@@ -265,7 +294,7 @@ class ShmFraming:
 
     async def send(self, frame: bytes) -> None:
         if self._fd is None:
-            await self._peer.send(frame)
+            self._peer.send(frame)
             return
         try:
             self._peer.send_with_fd(frame, self._fd)
@@ -274,8 +303,8 @@ class ShmFraming:
             self._fd = None
 
     async def refuse(self, code: str, message: str) -> None:
-        with contextlib.suppress(OSError):
-            await self._peer.send(wire.refusal(code, message))
+        with contextlib.suppress(OSError):  # a peer that is gone, or does not read: it goes without the reason
+            self._peer.send(wire.refusal(code, message))
 
     def close(self) -> None:
         self._peer.close()
@@ -329,6 +358,10 @@ def _remove_stale_dirs() -> None:
                 log.info("removed %s: its learner is gone", folder)
             except OSError:
                 continue
+
+
+class NotReading(ConnectionError):
+    """The peer's socket buffer is full: it does not read its replies."""
 
 
 class _Peer:
@@ -407,12 +440,16 @@ class _Peer:
             self._loop.remove_reader(self.sock.fileno())
             self._watching = False
 
-    async def send(self, frame: bytes) -> None:
-        """Send one frame (whole, or not at all: SEQPACKET); ConnectionError when the actor is gone."""
+    def send(self, frame: bytes) -> None:
+        """Send one frame (whole, or not at all: SEQPACKET) without waiting; ConnectionError when the actor is
+        gone or its socket buffer is full (it does not read its replies: a real actor never has more than one
+        unread)."""
         try:
             self.sock.send(frame, _NOSIGNAL)
-        except (BlockingIOError, InterruptedError):  # only a client that does not read its replies fills the buffer
-            await self._loop.sock_sendall(self.sock, frame)
+        except InterruptedError:
+            self.sock.send(frame, _NOSIGNAL)
+        except BlockingIOError as err:
+            raise NotReading("it does not read its replies (its socket buffer is full)") from err
 
     def send_with_fd(self, frame: bytes, fd: int) -> None:
         """The welcome and the region's descriptor: the connection's first message, so the buffer has room."""

@@ -99,9 +99,9 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
             config.run.run_dir = str(run_dir)
         actors = launcher(config, run_dir, token) if local_actors else None
         learner = run["learner"] = Learner(config, run_dir, token=token, resume=resume, ranks=ranks, parts=parts)
-        if actors is not None:
+        if "signal" not in run and actors is not None:  # else nothing is started: the run ends before it began
             actors.prepare()
-        if "signal" not in run:  # else nothing is started: the run ends before it began
+        if "signal" not in run:
             thread.start()
             _supervise(config, run_dir, learner, actors, thread, stopped=lambda: "signal" in run)
     except BaseException:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -108,7 +109,10 @@ def resolve_config(args: argparse.Namespace) -> config_lib.Config:
     if args.resume:
         if args.config:
             raise config_lib.ConfigError("--resume uses RUN_DIR/config.yaml; give overrides as flags, not --config")
-        config = config_lib.load(Path(args.resume) / "config.yaml")
+        source = Path(args.resume) / "config.yaml"
+        if not source.is_file() and (Path(args.resume) / "rank0" / "config.yaml").is_file():
+            source = Path(args.resume) / "rank0" / "config.yaml"  # several learners (torchrun): rank 0's, its seed
+        config = config_lib.load(source)
         config.run.run_dir = args.resume
     elif args.config:
         config = config_lib.load(args.config)
@@ -376,9 +380,9 @@ def run(args: argparse.Namespace) -> int:
     except (security.SecurityError, FileNotFoundError, UsageError, MissingExtra) as err:
         print(f"lockstep: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # 128 + the signal: 130 for SIGINT, 143 for SIGTERM (launch.local.Interrupted)
         print("lockstep: interrupted", file=sys.stderr)
-        return 130
+        return 128 + getattr(err, "signum", signal.SIGINT)
 
 
 if __name__ == "__main__":

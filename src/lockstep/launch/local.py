@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,17 @@ from lockstep.observe.metrics import write_summary
 from lockstep.observe.progress import Progress
 
 log = logging.getLogger("lockstep.train")
+
+
+STOP_WAIT_S = 60.0  # how long a stopped learner may take to finish, asked and then at once, before it is left
+
+
+class Interrupted(KeyboardInterrupt):
+    """``lockstep train`` was stopped by ``signum`` (SIGINT or SIGTERM); the command exits with 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def launcher(config: Config, run_dir: Path, token: str | None) -> Launcher:
@@ -58,75 +70,108 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     """Train to the step budget; every process started here is gone when this returns.
 
     With ``local_actors=False`` (``lockstep learner``) no actor is started: actors connect from
-    elsewhere. SIGINT and SIGTERM stop the run in order either way. ``parts``: see ``learner.parts``.
+    elsewhere. SIGINT and SIGTERM stop the run in order either way, from the moment this is called: one
+    that comes before the learner serves ends the run there; a second one stops waiting. Either way
+    ``Interrupted`` is raised at the end. ``parts``: see ``learner.parts``.
     """
-    ranks = Ranks.from_env(resolve_device(config.learner.device))  # under torchrun: one of several learners
-    if ranks is not None:
-        run_dir, config.run.seed = ranks_run(ranks, run_dir, config.run.seed)
-        config.run.run_dir = str(run_dir)
-    actors = launcher(config, run_dir, token) if local_actors else None
-    learner = Learner(config, run_dir, token=token, resume=resume, ranks=ranks, parts=parts)
-    outcome: dict[str, Any] = {}
-
-    def serve() -> None:
-        try:
-            outcome["summary"] = learner.serve()
-        except BaseException as err:
-            outcome["error"] = err
-
-    thread = threading.Thread(target=serve, name="lockstep-learner")
-    interrupted = threading.Event()
+    run: dict[str, Any] = {}  # the learner, once built, and the first signal
+    thread = threading.Thread(target=lambda: _serve(run["learner"], run), name="lockstep-learner", daemon=True)
 
     def on_signal(signum, _frame) -> None:
         # Stop in order from the main loop rather than raising wherever the signal lands
         # (a KeyboardInterrupt inside a join or a waitpid can leave nothing to clean up with).
-        if interrupted.is_set():
-            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting
-        interrupted.set()
+        if "signal" in run:
+            raise Interrupted(signum)  # a second Ctrl-C: stop waiting
+        run["signal"] = signum
         log.warning("%s: stopping the learner and the actors", signal.Signals(signum).name)
-        learner.stop()
+        if "learner" in run:
+            run["learner"].stop()
 
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    actors: Launcher | None = None
+    failed = False
     try:
-        if actors is not None:
+        ranks = Ranks.from_env(resolve_device(config.learner.device))  # under torchrun: one of several learners
+        if ranks is not None:
+            run_dir, config.run.seed = ranks_run(ranks, run_dir, config.run.seed)
+            config.run.run_dir = str(run_dir)
+        actors = launcher(config, run_dir, token) if local_actors else None
+        learner = run["learner"] = Learner(config, run_dir, token=token, resume=resume, ranks=ranks, parts=parts)
+        if "signal" not in run and actors is not None:  # else nothing is started: the run ends before it began
             actors.prepare()
-        thread.start()
-        port = learner.wait_ready(timeout=60)
-        if actors is not None:
-            log.info("run directory %s", run_dir)
-            actors.start(learner)  # it logs where the actors run
-        else:
-            host = config.learner.listen.rsplit(":", 1)[0]
-            log.info("run directory %s; start actors with: lockstep actor --learner %s:%d --env %s --actor-id N",
-                     run_dir, host, port, config.env.id)
-            if learner.local_address:
-                log.info("actors on this host can use shared memory instead: --learner %s", learner.local_address)
-        with Progress(config, enabled=config.run.progress) as progress:
-            while thread.is_alive():
-                thread.join(timeout=0.25)
-                progress.update(learner.status)
-                if actors is not None:
-                    actors.check(training=not learner.status.finished)
-                    if not learner.status.started and actors.all_exited():
-                        raise RuntimeError("every actor exited before training started; see the log above")
+        if "signal" not in run:
+            thread.start()
+            _supervise(config, run_dir, learner, actors, thread, stopped=lambda: "signal" in run)
+    except BaseException:
+        failed = True  # an error, or a second signal: the learner stops at once
+        raise
     finally:
-        learner.stop()
-        if thread.is_alive():
-            thread.join()
-        if actors is not None:
-            actors.stop()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    if interrupted.is_set():
-        raise KeyboardInterrupt
-    if "error" in outcome:
-        raise outcome["error"]
-    summary = outcome["summary"]
+        try:
+            if "learner" in run:
+                run["forced"] = not _stop_learner(run["learner"], thread, at_once=failed)
+        finally:
+            if actors is not None:
+                actors.stop()  # and Ray, when it was started here: on every path
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    if ranks is not None and "summary" in run and not run.get("forced"):
+        ranks.close()  # every rank finished its run (a stop too is agreed): leave the process group together
+    if "signal" in run:
+        raise Interrupted(run["signal"])
+    if "error" in run:
+        raise run["error"]
+    summary = run["summary"]
     if actors is not None:
         summary["actor_restarts"] = actors.restarts
         write_summary(run_dir / "summary.json", summary)
-    if ranks is not None:  # every rank finished its run: leave the process group together
-        ranks.close()
     return summary
+
+
+def _serve(learner: Learner, run: dict[str, Any]) -> None:
+    try:
+        run["summary"] = learner.serve()
+    except BaseException as err:
+        run["error"] = err
+
+
+def _supervise(config: Config, run_dir: Path, learner: Learner, actors: Launcher | None,
+               thread: threading.Thread, stopped: Callable[[], bool]) -> None:
+    """Start the actors once the learner listens (unless ``stopped`` by then), then watch both until the
+    learner is done."""
+    port = learner.wait_ready(timeout=60)
+    if actors is not None and stopped():
+        actors = None  # stopped while the learner started: none is started now
+    elif actors is not None:
+        log.info("run directory %s", run_dir)
+        actors.start(learner)  # it logs where the actors run
+    else:
+        host = config.learner.listen.rsplit(":", 1)[0]
+        log.info("run directory %s; start actors with: lockstep actor --learner %s:%d --env %s --actor-id N",
+                 run_dir, host, port, config.env.id)
+        if learner.local_address:
+            log.info("actors on this host can use shared memory instead: --learner %s", learner.local_address)
+    with Progress(config, enabled=config.run.progress) as progress:
+        while thread.is_alive():
+            thread.join(timeout=0.25)
+            progress.update(learner.status)
+            if actors is not None:
+                actors.check(training=not learner.status.finished)
+                if not learner.status.started and actors.all_exited():
+                    raise RuntimeError("every actor exited before training started; see the log above")
+
+
+def _stop_learner(learner: Learner, thread: threading.Thread, at_once: bool) -> bool:
+    """Ask the learner to finish and wait for it, boundedly: asked (several learners finish together after
+    the iteration under way), then at once (first, with ``at_once``); a learner that still runs then is
+    left behind, with an error logged. False when it was stopped at once (or left)."""
+    for now in (True,) if at_once else (False, True):
+        learner.stop(at_once=now)
+        if thread.is_alive():
+            thread.join(timeout=STOP_WAIT_S)
+        if not thread.is_alive():
+            return not now
+    log.error("the learner did not stop within %.0f s of being stopped at once; leaving it (a collective that "
+              "another rank never joined?)", STOP_WAIT_S)
+    return False

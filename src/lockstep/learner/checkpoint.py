@@ -119,6 +119,16 @@ def find(directory: Path, which: str = NEWEST) -> Path:
     raise FileNotFoundError(f"no checkpoint in {directory}: {HINT}")
 
 
+def by_iteration(directory: Path) -> dict[int, Path]:
+    """Every checkpoint in ``directory`` by the iteration it holds (a periodic one where ``final.pt`` holds
+    the same, as ``find`` prefers): what several learners choose their common resume point from."""
+    found = {}
+    for path in [directory / "final.pt", *directory.glob("iter_*.pt")]:
+        if path.is_file():
+            found[load(path)["trainer"]["iteration"]] = path
+    return found
+
+
 class Checkpointer:
     """When to checkpoint and how many to keep: every ``every`` iterations and/or ``minutes`` minutes, last ``keep``."""
 

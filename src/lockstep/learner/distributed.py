@@ -15,10 +15,18 @@ audit trail. The ranks share the training:
 * All ranks publish version v+1 after the same update, so a sample's version stamp means the same
   policy on every rank, and strict on-policy holds across ranks.
 
-A rank whose actors are all gone still takes part: its phase closes empty and it trains on an empty
-batch (zero gradients), so the others do not wait for it. A rank that has never had an actor keeps
-waiting for its first phase, and so does every other rank at its first update; the stall watchdog
-logs which rank's actors are missing. ``gloo`` on the CPU, ``nccl`` on GPUs.
+* One collective after every update decides, for every rank at once, whether the run is done (any
+  rank's budget, time limit, return target, or a stop asked of any rank: SIGINT/SIGTERM) and whether
+  a periodic checkpoint is due (rank 0's clock and count decide): the ranks stop after the same
+  iteration and save the same iterations.
+* A resumed job continues from the newest iteration that every rank has a checkpoint of
+  (``newest_common``), each rank from its own file of it, never from each rank's own newest.
+
+A rank whose actors are all gone still takes part: its gate closes each phase empty once the phase's
+version is published (the gate's ``close_empty``) and it trains on an empty batch (zero gradients),
+so the others do not wait for it; actors that join again collect in the next phase. A rank that has
+never had an actor keeps waiting for its first phase, and so does every other rank at its first
+update; the stall watchdog logs which rank's actors are missing. ``gloo`` on the CPU, ``nccl`` on GPUs.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from lockstep.learner import checkpoint
 
 log = logging.getLogger("lockstep.learner.wiring")
 
@@ -88,8 +98,34 @@ class Ranks:
         dist.all_reduce(t)
         return int(t.item())
 
-    def any(self, flag: bool) -> bool:
-        return self.total(int(flag)) > 0
+    def agree(self, done: bool, checkpoint_due: bool) -> tuple[bool, bool]:
+        """(any rank is done, rank 0 checkpoints now), in one collective after every update: the ranks stop
+        after the same iteration, and save the same iterations whatever their own clocks say."""
+        t = torch.tensor([int(done), int(checkpoint_due and self.rank == 0)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t)
+        return bool(t[0].item()), bool(t[1].item())
+
+    def newest_common(self, checkpointer: checkpoint.Checkpointer, config: dict | None = None) -> tuple[Path, dict]:
+        """What every rank resumes from: its own checkpoint of the newest iteration that every rank has one
+        of (ranks killed between their saves hold different newest ones). A ``FileNotFoundError`` on every
+        rank when they have no iteration in common; with ``config`` (the resumed run's, as a plain dict) a
+        ``ConfigError`` if it changes what the checkpoint needs (``checkpoint.check_resume``)."""
+        mine = checkpoint.by_iteration(checkpointer.directory)
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, sorted(mine))
+        common = set.intersection(*(set(iterations) for iterations in gathered))
+        if not common:
+            held = "; ".join(f"rank {r}: {its or 'none'}" for r, its in enumerate(gathered))
+            raise FileNotFoundError(f"nothing to resume: no checkpoint iteration is present on every rank "
+                                    f"({held}); {checkpoint.HINT}")
+        iteration = max(common)
+        if iteration != max(mine):
+            log.warning("rank %d resumes from iteration %d, the newest that every rank has a checkpoint of "
+                        "(its own newest: %d)", self.rank, iteration, max(mine))
+        path, state = mine[iteration], checkpoint.load(mine[iteration])
+        if config is not None:
+            checkpoint.check_resume(state.get("config"), config, path)
+        return path, state
 
     def mean(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)

@@ -168,7 +168,7 @@ class Sessions:
         Called by the trainer thread once the backend serves ``version``; the stamp comes first, so every
         resumption it causes is measured from it."""
         self.releases.published(version)
-        self.gate.publish(version)
+        self.phases.close(self.gate.publish(version))  # several learners: a phase of no actor closes empty at once
 
     def expected_requests(self) -> int:
         """Requests that may arrive soon: every connected actor that is not held."""

@@ -72,12 +72,14 @@ class Learner:
         slot_counters = {}
         self.resumed_from: Path | None = None
         if resume:
-            self.resumed_from, state = self.checkpointer.newest(dataclasses.asdict(config))
+            self.resumed_from, state = (ranks.newest_common(self.checkpointer, dataclasses.asdict(config)) if ranks
+                                        else self.checkpointer.newest(dataclasses.asdict(config)))
             slot_counters = self.report.load_checkpoint_state(state)
             log.info("resuming from %s: iteration %d, version %d", self.resumed_from, self.trainer.iteration,
                      self.trainer.version)
         self.gate = self.strategy.gate(config.ppo.steps_per_env, config.min_actors, start_version=self.trainer.version,
-                                       cutoff=config.sync.phase_cutoff, min_unroll=config.sync.min_unroll)
+                                       cutoff=config.sync.phase_cutoff, min_unroll=config.sync.min_unroll,
+                                       close_empty=ranks is not None)  # the other ranks wait for this one's update
         self.audit = AuditWriter(run_dir / "audit", config, fresh=not resume) if run.audit else None
         self.phases = PhaseStore()
         self.backend = make_backend(self.strategy, self.trainer, config, lambda: self.sessions.expected_requests(),
@@ -91,8 +93,9 @@ class Learner:
         self.error: BaseException | None = None
         self._servers: list[LearnerServer | shm.LocalServer] = []  # their codec_s goes into the time split
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
+        self._asked = False  # stop() was called: several learners finish together (_decide)
+        self._trainer = threading.Thread(target=self._train_loop, name="lockstep-trainer", daemon=True)
+        self._ready, self._stop = threading.Event(), threading.Event()  # listening; serving ends
         self._guests: set[asyncio.Task] = set()  # what run_on_loop runs; cancelled when serving ends
 
     @property
@@ -108,13 +111,12 @@ class Learner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(self.config, self.run_dir / "config.yaml")
         self.report.open(resume_after=self.trainer.iteration if self.resumed_from else None)
-        trainer = threading.Thread(target=self._train_loop, name="lockstep-trainer", daemon=True)
         try:
-            asyncio.run(self._serve(trainer))
+            asyncio.run(self._serve(self._trainer))
         finally:
             self.phases.stop()
-            if trainer.is_alive():
-                trainer.join()
+            if self._trainer.is_alive():
+                self._trainer.join()
             self.backend.close()
             self.report.close()
         summary = self._write_final()
@@ -139,18 +141,14 @@ class Learner:
         task.add_done_callback(self._guests.discard)
         return await coro
 
-    def stop(self) -> None:
-        """Ask a running learner to finish (thread-safe)."""
-        loop = self._loop
-        if loop is not None and self._stop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(self._stop.set)
-            except RuntimeError:  # the loop closed in the meantime: nothing left to stop
-                pass
+    def stop(self, at_once: bool = False) -> None:
+        """Ask the learner to finish (thread-safe, also before it serves); several learners: see ``_decide``."""
+        self._asked = True
+        if self.ranks is None or at_once or not self._trainer.is_alive():
+            self._stop.set()
 
     async def _serve(self, trainer: threading.Thread) -> None:
         self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
         cfg = self.config.learner
         limits = cfg.server_limits() | {"bounds": StepBounds(cfg.max_observation, cfg.max_reward, cfg.sanitize)}
         server, local = self._servers = [LearnerServer(self.sessions, cfg.listen, token=self.token, **limits,
@@ -168,8 +166,9 @@ class Learner:
         trainer.start()
         watchdog = asyncio.create_task(self.sessions.watchdog(self.config.sync))
         try:
-            await self._stop.wait()
+            await asyncio.to_thread(self._stop.wait)  # no poll; stop() may come from any thread, or come first
         finally:
+            self._stop.set()  # (if cancelled: the waiting thread ends too)
             for task in (guests := {watchdog, *self._guests}):  # before the sessions finish
                 task.cancel()
             await asyncio.gather(*guests, return_exceptions=True)
@@ -184,12 +183,12 @@ class Learner:
             while (item := self.phases.next()) is not None and not self.sessions.finished:
                 if self._train_one(item):
                     self.clock.stop()  # training time, without shutdown and the final checkpoint
-                    return self._loop.call_soon_threadsafe(self._stop.set)
+                    return self._stop.set()
                 trained = self.trainer.samples_trained
         except BaseException as err:
             log.exception("training failed")
             self.error = err
-            self._loop.call_soon_threadsafe(self._stop.set)
+            self._stop.set()
         if item is not None and item.batch is not None and self.trainer.samples_trained == trained:
             self.report.counters.dropped_transitions += item.batch.size  # stopped from outside, or failed: untrained
 
@@ -213,20 +212,22 @@ class Learner:
         self.report.observe(self.backend.stats())
         if stats is not None:  # the row first: a checkpoint never claims an iteration metrics.csv lacks
             self.report.row(stats, item.collect_s, len(self.sessions.actor_ids))
-        if self.checkpointer.due(trainer.iteration):
+        done, checkpoint_due = self._decide()
+        if checkpoint_due:
             self.checkpointer.save_periodic(self._checkpoint_state(), trainer.iteration)
-        done = self._done()
         if not done:
             self.backend.publish()
             self.sessions.publish(trainer.version)
         return done
 
-    def _done(self) -> bool:
+    def _decide(self) -> tuple[bool, bool]:
+        """(done: budget, time, target or stop(); a checkpoint is due): several learners agree (distributed.py)."""
         run = self.config.run
-        done = (self.trainer.env_steps >= self.config.ppo.total_steps
+        done = (self._asked or self.trainer.env_steps >= self.config.ppo.total_steps
                 or (run.time_limit_s is not None and self.clock.wall_s >= run.time_limit_s)
                 or (run.stop_at_return is not None and self.episodes.reached(run.stop_at_return)))
-        return done if self.ranks is None else self.ranks.any(done)  # several learners stop together
+        due = self.checkpointer.due(self.trainer.iteration)
+        return (done, due) if self.ranks is None else self.ranks.agree(done, due)
 
     # -- checkpoints and the end of a run ----------------------------------------------
 

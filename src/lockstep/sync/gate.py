@@ -34,6 +34,10 @@ Protocol
     * A phase that every collecting member left before completing it stays open for
       joiners while nobody waits beyond it; once a member waits beyond it, it closes
       with no unrolls and the trainer publishes the next version unchanged.
+      With ``close_empty`` (several learners: the other ranks wait for this one's
+      update) a started gate with no member at all closes its oldest open phase with
+      no unrolls as soon as that phase's version is published (at the last leave, or
+      at ``publish``), so a learner whose actors are all gone still trains every version.
     * ``publish(v)`` (after training phase v-1) makes version v the newest and
       releases every held request that has become admissible.
     * Straggler cut-off (DD-PPO, optional): once members holding a fraction
@@ -124,7 +128,8 @@ class GateError(RuntimeError):
 
 class AdmissionGate:
     def __init__(self, steps_per_phase: int, min_members: int = 1, max_lag: int | None = 0,
-                 start_version: int = 0, cutoff: float | None = None, min_unroll: float = 0.0) -> None:
+                 start_version: int = 0, cutoff: float | None = None, min_unroll: float = 0.0,
+                 close_empty: bool = False) -> None:
         if steps_per_phase < 1:
             raise ValueError(f"steps_per_phase must be at least 1, got {steps_per_phase}")
         if max_lag is not None and max_lag < 0:
@@ -138,6 +143,7 @@ class AdmissionGate:
         self.min_cut_steps = max(1, math.ceil(min_unroll * steps_per_phase))
         self.min_members = max(1, min_members)
         self.max_lag = max_lag
+        self.close_empty = close_empty
         self._lock = threading.Lock()
         self._members: dict[Member, _MemberState] = {}
         self._held: dict[Member, Release] = {}
@@ -198,8 +204,9 @@ class AdmissionGate:
             self._maybe_cut()
             return RequestResult(admission, completed, closed)
 
-    def publish(self, version: int) -> None:
-        """Version ``version`` is the newest: release every held request it makes admissible."""
+    def publish(self, version: int) -> tuple[ClosedPhase, ...]:
+        """Version ``version`` is the newest: release every held request it makes admissible. Returns the
+        phases this closed (only with ``close_empty``: an empty phase of a gate without members)."""
         with self._lock:
             if version != self._published + 1:
                 raise GateError(f"published version {version} does not follow {self._published}")
@@ -207,7 +214,9 @@ class AdmissionGate:
                 raise GateError(f"publish({version}) before phase {version - 1} closed")
             self._published = version
             releases = self._release_admissible()
+            closed = self._close_ready() if self.close_empty and self._started else ()
         _run(releases)
+        return closed
 
     # -- inspection (for logs, watchdogs and tests) --------------------------------
 
@@ -289,7 +298,8 @@ class AdmissionGate:
                 break  # someone still collects in it
             phase = self._phases.pop(u, None)
             if phase is None and not any(s.first_phase > u for s in self._members.values()) \
-                    and not any(p > u for p in self._phases):
+                    and not any(p > u for p in self._phases) \
+                    and not (self.close_empty and not self._members and u <= self._published):
                 break  # empty, and nothing waits beyond it (no member, no complete unroll): open for joiners
             # An empty phase that members wait beyond closes with no unrolls: the trainer
             # publishes the next version unchanged, so nothing waits for it forever.

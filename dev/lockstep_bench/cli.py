@@ -143,6 +143,10 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
 def cmd_bench_peers(args: argparse.Namespace) -> int:
     from lockstep_bench import peers
 
+    for flag, value, least in (("--seeds", args.seeds, 1), ("--steps", args.steps, 1), ("--peer-threads",
+                                                                                     args.peer_threads, 0)):
+        if value is not None and value < least:
+            raise config_lib.ConfigError(f"{flag} must be at least {least}, got {value}")
     out = Path(args.out)
     seeds = list(range(1, args.seeds + 1))
     options = peers.PeersOptions(workloads=[args.only] if args.only else list(peers.WORKLOADS), seeds=seeds,

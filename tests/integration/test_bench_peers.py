@@ -136,3 +136,12 @@ def test_cleanrl_itself_against_lockstep_at_a_tiny_scale(tmp_path):
     assert cleanrl["error"] is None and cleanrl["env_steps"] == 2048 and cleanrl["env_steps_per_s"] > 0
     assert cleanrl["final_return"] is not None  # it printed episodic_return lines
     assert report["summary"]["cartpole"]["ratio_env_steps_per_s"] is not None
+
+
+@pytest.mark.parametrize("flag, value, least", [("--seeds", "0", 1), ("--steps", "-5", 1), ("--peer-threads", "-1", 0)])
+def test_counts_below_their_least_are_refused_by_name(tmp_path, flag, value, least):
+    result = subprocess.run([*lockstep_cmd(), "bench", "peers", flag, value, "--out", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert f"{flag} must be at least {least}, got {value}" in result.stderr
+    assert not (tmp_path / "out").exists()

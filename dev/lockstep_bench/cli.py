@@ -140,6 +140,40 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     return 0 if not any(row["errors"] for row in rows) else 1
 
 
+def cmd_bench_peers(args: argparse.Namespace) -> int:
+    from lockstep_bench import peers
+
+    for flag, value, least in (("--seeds", args.seeds, 1), ("--steps", args.steps, 1), ("--peer-threads",
+                                                                                     args.peer_threads, 0)):
+        if value is not None and value < least:
+            raise config_lib.ConfigError(f"{flag} must be at least {least}, got {value}")
+    out = Path(args.out)
+    seeds = list(range(1, args.seeds + 1))
+    options = peers.PeersOptions(workloads=[args.only] if args.only else list(peers.WORKLOADS), seeds=seeds,
+                                 steps=args.steps, quick=args.quick, cache=Path(args.cache) if args.cache else None,
+                                 python=args.python, scripts=Path(args.scripts) if args.scripts else None,
+                                 peer_threads=args.peer_threads)
+    parts = ["lockstep bench peers", f"--out {out}", f"--seeds {args.seeds}"]
+    parts += [f"--only {args.only}"] if args.only else []
+    parts += [f"--steps {args.steps}"] if args.steps else []
+    parts += ["--quick"] if args.quick else []
+    parts += [f"--peer-threads {args.peer_threads}"] if args.peer_threads != 1 else []
+    report = peers.run(options, out, " ".join(parts))
+    print((out / "peers.md").read_text())
+    print(f"wrote {out / 'peers.md'} and {out / 'peers.json'}")
+    return 1 if any(r["error"] for r in report["runs"]) else 0
+
+
+def cmd_bench_gpu(args: argparse.Namespace) -> int:
+    from lockstep_bench import gpu
+
+    out = Path(args.out)
+    report = gpu.run(gpu.GpuOptions(device=args.device, quick=args.quick), out)
+    print((out / "gpu.md").read_text())
+    print(f"wrote {out / 'gpu.md'} and {out / 'gpu.json'}")
+    return 0 if report["ok"] else 1
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``bench`` command and its subcommands, under the main parser's ``sub``."""
     bench = sub.add_parser("bench", help="benchmarks; each writes a table and JSON to --out")
@@ -226,3 +260,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--actors-per-process", type=int, help="simulated actors per client process (default 250)")
     p.add_argument("--quick", action="store_true", help="8 s per size")
     p.set_defaults(func=cmd_bench_scale)
+
+    p = bench_sub.add_parser("peers", help="CleanRL's ppo.py and ppo_continuous_action.py against the matching "
+                                           "lockstep presets, interleaved: env steps/s and seconds to a return")
+    p.add_argument("--out", default="bench-results/peers", help="folder for peers.md, peers.json and runs/")
+    p.add_argument("--only", choices=["cartpole", "hopper"], help="one workload (default: both)")
+    p.add_argument("--steps", type=int, help="env steps of every run (default 100,000 CartPole, 40,960 Hopper; "
+                                             "8,192 and 4,096 with --quick)")
+    p.add_argument("--seeds", type=int, default=1, help="run seeds 1 to N")
+    p.add_argument("--quick", action="store_true", help="small step budgets")
+    p.add_argument("--cache", help="folder for CleanRL's throwaway virtual environment and scripts, kept between "
+                                   "invocations (default OUT/cleanrl)")
+    p.add_argument("--python", help="a ready interpreter with CleanRL's dependencies, instead of the venv")
+    p.add_argument("--scripts", help="a folder holding ppo.py and ppo_continuous_action.py (e.g. a CleanRL "
+                                     "checkout), instead of the wheel's")
+    p.add_argument("--peer-threads", type=int, default=1,
+                   help="OMP_NUM_THREADS of CleanRL's runs (default 1, as lockstep's learner.torch_threads; 0: "
+                        "torch's default, one per core, which spins against itself on a busy machine)")
+    p.set_defaults(func=cmd_bench_peers)
+
+    p = bench_sub.add_parser("gpu", help="inference latency against batch size, Breakout and Hopper with the time "
+                                         "split, an audited strict run, peak memory; on a GPU or the CPU")
+    p.add_argument("--out", default="bench-results/gpu", help="folder for gpu.md, gpu.json and runs/")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--quick", action="store_true", help="small sizes (the CPU check of the suite)")
+    p.set_defaults(func=cmd_bench_gpu)

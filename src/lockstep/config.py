@@ -149,9 +149,21 @@ class LearnerConfig:
     max_message_mb: int = setting(64, "the largest message accepted from an actor; larger ones are refused", ge=1)
     sanitize: bool = setting(False, "replace NaN/inf in observations and rewards instead of refusing the step",
                              flag="--sanitize")
+    max_envs_per_actor: int = setting(65_536, "the most envs one actor's hello may bring; a larger hello is refused "
+                                              "before anything is allocated for it", ge=1)
+    max_id_length: int = setting(256, "the longest run id, env id or dtype name a hello may carry", ge=1)
+    max_space_elements: int = setting(1 << 24, "the most elements a hello's observation or action space may have",
+                                      ge=1)
     tls_cert: str = setting("", "PEM certificate chain; with learner.tls_key, the learner serves TLS",
                             flag="--tls-cert")
     tls_key: str = setting("", "PEM private key for learner.tls_cert", flag="--tls-key")
+
+    @property
+    def hello_limits(self):
+        """These limits as the transports check them (``transport.messages.HelloLimits``)."""
+        from lockstep.transport.messages import HelloLimits
+
+        return HelloLimits(self.max_envs_per_actor, self.max_id_length, self.max_space_elements)
 
 
 @dataclass

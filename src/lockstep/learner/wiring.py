@@ -151,7 +151,7 @@ class Learner:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         cfg = self.config.learner
-        limits = {"max_message_bytes": cfg.max_message_mb * 1024 * 1024, "sanitize": cfg.sanitize}
+        limits = dict(max_message_bytes=cfg.max_message_mb << 20, sanitize=cfg.sanitize, hello_limits=cfg.hello_limits)
         server, local = self._servers = [LearnerServer(self.sessions, cfg.listen, token=self.token, **limits,
                                                        tls=(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert else None),
                                          shm.LocalServer(self.sessions, **limits)]  # actors on this host

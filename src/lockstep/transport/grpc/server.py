@@ -18,7 +18,14 @@ from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import encode
 from lockstep.transport.connection import CodecClock, serve_connection
 from lockstep.transport.grpc import security
-from lockstep.transport.messages import HelloInfo, StepData, hello_from_proto, step_from_proto
+from lockstep.transport.messages import (
+    DEFAULT_HELLO_LIMITS,
+    HelloInfo,
+    HelloLimits,
+    StepData,
+    hello_from_proto,
+    step_from_proto,
+)
 from lockstep.transport.protocol import (
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,
@@ -66,10 +73,11 @@ def _kind(msg) -> str | None:
 class GrpcFraming:
     """One actor's stream as a ``connection.Framing``: protobuf messages in, ``pb.LearnerMessage`` out."""
 
-    def __init__(self, requests, context: grpc.aio.ServicerContext, token: str | None, sanitize: bool) -> None:
+    def __init__(self, requests, context: grpc.aio.ServicerContext, token: str | None, sanitize: bool,
+                 limits: HelloLimits = DEFAULT_HELLO_LIMITS) -> None:
         self.peer = context.peer()
         self.incoming = requests
-        self._context, self._token, self._sanitize = context, token, sanitize
+        self._context, self._token, self._sanitize, self._limits = context, token, sanitize, limits
         self._who = self.peer
 
     async def hello(self) -> HelloInfo | None:
@@ -84,7 +92,7 @@ class GrpcFraming:
             got = "bytes that are not a protobuf message" if isinstance(first, _Malformed) else (
                 _kind(first) or "an empty message")
             raise Refused(FAILED_PRECONDITION, f"the first message must be a hello, got {got}")
-        hello = hello_from_proto(first.hello)
+        hello = hello_from_proto(first.hello, self._limits, self.peer)
         self._who = f"actor {hello.actor_id}"
         return hello
 
@@ -125,8 +133,9 @@ class LearnerServer:
 
     def __init__(self, handler: ActorHandler, listen: str, *, token: str | None = None,
                  tls: tuple[str, str] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 sanitize: bool = False) -> None:
+                 sanitize: bool = False, hello_limits: HelloLimits = DEFAULT_HELLO_LIMITS) -> None:
         security.check_server(listen, token, *(tls or (None, None)))
+        self._hello_limits = hello_limits
         self._handler = handler
         self._listen = listen
         self._token = token
@@ -163,6 +172,6 @@ class LearnerServer:
     async def _connect(self, requests, context: grpc.aio.ServicerContext):
         """One actor's stream, as an async generator of replies (grpc.aio serves only a generator
         function's stream this way)."""
-        framing = GrpcFraming(requests, context, self._token, self._sanitize)
+        framing = GrpcFraming(requests, context, self._token, self._sanitize, self._hello_limits)
         async for message in serve_connection(framing, self._handler, self._refusals, self._codec):
             yield message

@@ -34,7 +34,14 @@ from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError
 from lockstep.transport.connection import CodecClock, send_connection
-from lockstep.transport.messages import HelloInfo, StepData, check_step, hello_from_proto
+from lockstep.transport.messages import (
+    DEFAULT_HELLO_LIMITS,
+    HelloInfo,
+    HelloLimits,
+    StepData,
+    check_step,
+    hello_from_proto,
+)
 from lockstep.transport.protocol import (
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,
@@ -65,8 +72,9 @@ class LocalServer:
     """
 
     def __init__(self, handler: ActorHandler, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 sanitize: bool = False) -> None:
+                 sanitize: bool = False, hello_limits: HelloLimits = DEFAULT_HELLO_LIMITS) -> None:
         self._handler = handler
+        self._hello_limits = hello_limits
         self._max_bytes = max_message_bytes
         self._sanitize = sanitize
         self._dir: str | None = None
@@ -145,7 +153,7 @@ class LocalServer:
 
     async def _serve(self, sock: socket.socket) -> None:
         """One actor's connection: the hello, then one step and one reply at a time until either side ends."""
-        framing = ShmFraming(_Peer(sock), self._max_bytes, self._sanitize)
+        framing = ShmFraming(_Peer(sock), self._max_bytes, self._sanitize, self._hello_limits)
         try:
             await send_connection(framing, self._handler, self._refusals, self._codec)
         except ConnectionError:
@@ -161,8 +169,10 @@ class ShmFraming:
     WELCOME frame, which ``send`` sends with the region's descriptor.
     """
 
-    def __init__(self, peer: _Peer, max_bytes: int, sanitize: bool) -> None:
+    def __init__(self, peer: _Peer, max_bytes: int, sanitize: bool,
+                 limits: HelloLimits = DEFAULT_HELLO_LIMITS) -> None:
         self.peer = self.who = "a local client"
+        self._limits = limits
         self._peer, self._max_bytes, self._sanitize = peer, max_bytes, sanitize
         self._layout: wire.Layout | None = None
         self._region: wire.Region | None = None
@@ -207,7 +217,7 @@ class ShmFraming:
         except DecodeError:
             raise Refused(FAILED_PRECONDITION, "the first message must be a hello, got bytes that are not a "
                           "protobuf Hello message") from None
-        return hello_from_proto(msg)
+        return hello_from_proto(msg, self._limits)
 
     def _sized(self, hello: HelloInfo) -> wire.Layout | None:
         """The actor's region, sized before the handler sees the hello (None: ``connect`` refuses num_envs < 1)."""

@@ -24,6 +24,7 @@ from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.wiring import Learner
 from lockstep.observe.metrics import write_summary
 from lockstep.observe.progress import Progress
+from lockstep.transport.grpc import security
 
 log = logging.getLogger("lockstep.train")
 
@@ -64,6 +65,9 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     if ranks is not None:
         run_dir, config.run.seed = ranks_run(ranks, run_dir, config.run.seed)
         config.run.run_dir = str(run_dir)
+    security.check_listen(config.learner.listen, token)  # off loopback, actors elsewhere must be told the token
+    generated = not token
+    token = token or security.new_token()  # a token always (security.py), never written to the run directory
     actors = launcher(config, run_dir, token) if local_actors else None
     learner = Learner(config, run_dir, token=token, resume=resume, ranks=ranks, parts=parts)
     outcome: dict[str, Any] = {}
@@ -86,6 +90,10 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
         log.warning("%s: stopping the learner and the actors", signal.Signals(signum).name)
         learner.stop()
 
+    # the port whose token file this run writes: a fixed one's before listening, so that no actor started
+    # at the same time as the learner connects before the token is there to read
+    published = int(config.learner.listen.rsplit(":", 1)[1]) if generated and not local_actors else None
+    where = security.publish_token(published, token) if published else ""
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -101,6 +109,10 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
             host = config.learner.listen.rsplit(":", 1)[0]
             log.info("run directory %s; start actors with: lockstep actor --learner %s:%d --env %s --actor-id N",
                      run_dir, host, port, config.env.id)
+            if generated:
+                published, where = port, where or security.publish_token(port, token)
+                log.info("no token given: this run's token is in %s; other actors need it with --token or $%s",
+                         where, security.TOKEN_ENV)
             if learner.local_address:
                 log.info("actors on this host can use shared memory instead: --learner %s", learner.local_address)
         with Progress(config, enabled=config.run.progress) as progress:
@@ -115,6 +127,8 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
         learner.stop()
         if thread.is_alive():
             thread.join()
+        if published:
+            security.unpublish_token(published)
         if actors is not None:
             actors.stop()
         for sig, handler in handlers.items():

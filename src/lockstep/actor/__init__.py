@@ -164,20 +164,7 @@ def _connect(opts: ActorOptions, hello: pb.Hello) -> Connection | LocalConnectio
 
 
 def process_main(opts: ActorOptions, log_level: int = logging.INFO) -> None:
-    """Entry point of a local actor process started by ``lockstep train`` (spawned, never forked)."""
-    _die_with_parent()
+    """A local actor process started by ``lockstep train``, once ``launch.actor_process`` has tied it to its
+    parent's life (spawned, never forked)."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     raise SystemExit(run(opts))
-
-
-def _die_with_parent() -> None:
-    """On Linux, ask the kernel to end this process when its parent dies, so no actor is orphaned."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass

@@ -70,8 +70,9 @@ class Connection:
             ("grpc.keepalive_timeout_ms", 5_000),
             ("grpc.keepalive_permit_without_calls", 1),
             # ... also while a request is held: no data flows then, and gRPC stops pinging after 2 pings
-            # without data unless this is 0 (the server permits a ping every 5 s without data)
+            # without data unless this is 0 (the server permits a ping every 5 s without data) ...
             ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.ping_timeout_ms", 5_000),  # ... and a ping's own timeout (60 s) would replace keepalive's
         ]
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))

@@ -154,3 +154,22 @@ def test_a_local_process_without_the_token_cannot_take_over_actor_0_which_trains
     assert summary["dropped_transitions"] == 0  # actor 0's session was never replaced
     token_file = security.token_file(int(learner.address.rsplit(":", 1)[1]))
     assert not token_file.exists(), "the learner leaves no token file behind"
+
+
+@pytest.mark.slow
+def test_lockstep_train_hands_its_generated_token_to_its_actors_and_writes_it_nowhere_in_the_run(tmp_path,
+                                                                                                monkeypatch):
+    from lockstep.launch.local import train
+
+    secret = "generated-for-this-run-" + "x" * 20
+    monkeypatch.setattr(security, "new_token", lambda: secret)
+    monkeypatch.delenv(security.TOKEN_ENV, raising=False)
+    config = Config()
+    config.actors.count, config.actors.envs_per_actor = 1, 2
+    config.ppo.steps_per_env, config.ppo.total_steps = 32, 128
+    config.run.progress, config.learner.device = False, "cpu"
+    summary = train(config, tmp_path / "run")
+    assert summary["iterations"] == 2  # the actor got the token: it was let in
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"{path} holds the token"

@@ -287,7 +287,7 @@ def test_a_region_larger_than_the_message_limit_is_refused_before_the_actor_join
     running = RunningLearner(tmp_path, max_message_mb=1)
     try:
         sock = _raw(running.path)
-        _send_hello(sock, hello(actor_id=4, num_envs=100_000))  # 100k envs x 2 x 16-byte observations > 1 MB
+        _send_hello(sock, hello(actor_id=4, num_envs=60_000))  # 60k envs x 2 x 16-byte observations > 1 MB
         code, message = _refusal(sock)
         assert code == "INVALID_ARGUMENT" and "bytes of shared memory" in message and "max_message_mb" in message
         assert running.learner.sessions.actor_ids == []

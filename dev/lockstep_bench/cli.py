@@ -92,8 +92,8 @@ def _bench_learn_suite(args: argparse.Namespace) -> int:
 def cmd_bench_soak(args: argparse.Namespace) -> int:
     from lockstep_bench import soak
 
-    report = soak.run(soak.SoakOptions(minutes=args.minutes, kill_every_s=args.kill_every, seed=args.seed),
-                      Path(args.out))
+    report = soak.run(soak.SoakOptions(minutes=args.minutes, kill_every_s=args.kill_every, seed=args.seed,
+                                       rogue=args.rogue), Path(args.out))
     width = max(map(len, report))
     for key, value in report.items():
         print(f"{key:<{width}}  {value}")
@@ -238,6 +238,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--minutes", type=float, default=3.0, help="training time, across the learner restart")
     p.add_argument("--kill-every", type=float, default=12.0, help="mean seconds between actor kills")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rogue", type=int, default=0, metavar="N",
+                   help="N hostile clients beside the fleet: silent members, absurd hellos, id stealers without "
+                        "the token, idle connections")
     p.add_argument("--out", default="bench-results/soak", help="folder for soak.json, soak.log and the run")
     p.set_defaults(func=cmd_bench_soak)
 

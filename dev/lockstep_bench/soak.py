@@ -11,6 +11,14 @@ half-way and resumes it with ``--resume``, and reports:
     actor_restarts         restarts by the train command's supervisor, both runs
     learner_restarts       1 (the resume)
     final_return           mean return of the last 100 episodes
+    rogue                  with ``--rogue N``: N hostile clients beside the fleet, each round one of: a silent
+                           member (hello over the unix socket, then nothing), absurd hellos (over gRPC with
+                           the run's token and over the unix socket), a hello stealing actor 0's id without
+                           the token, idle connections; per kind, how often it was tried, refused as it must
+                           be, and how often it was not (``unexpected``: a problem)
+    learner_rss_mb, learner_open_files
+                           the learner process's resident memory and open file descriptors at the first
+                           iteration and at the last sample before it ended
     exit_code, error       the resumed ``lockstep train``'s exit code, and the error in its summary.json
     problems, healthy      what makes the soak unhealthy (``problems``), and whether anything does
 """
@@ -20,11 +28,15 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import secrets
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +55,7 @@ class SoakOptions:
     seed: int = 1
     actors: int = 4
     envs_per_actor: int = 4
+    rogue: int = 0  # hostile clients beside the fleet (module docstring)
 
 
 def actor_pids(parent: int) -> list[int]:
@@ -61,6 +74,151 @@ class _Run:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+
+def learner_resources(pid: int) -> tuple[float, int] | None:
+    """The process's resident memory (MB) and open file descriptors, from /proc; None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024, len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, AttributeError):
+        return None
+
+
+ROGUE_KINDS = ("silent", "absurd", "steal", "idle")
+_LISTENING = re.compile(r"learner listening on port (\d+) and (unix:[^\s,]+)?")
+
+
+@dataclass
+class Rogues:
+    """``count`` hostile clients against whichever learner the soak's log says listens now (one thread)."""
+
+    count: int
+    log_path: Path
+    token: str
+    tally: dict[str, dict[str, int]] = field(default_factory=lambda: {
+        kind: {"tried": 0, "refused": 0, "unexpected": 0} for kind in ROGUE_KINDS})
+    notes: list[str] = field(default_factory=list)  # the first few unexpected outcomes, for the report
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="soak-rogues", daemon=True)
+        self._held: list[Any] = []  # open silent members and idle connections, closed a few rounds later
+
+    def start(self) -> None:
+        if self.count:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+        self._release(keep=0)
+
+    def _loop(self) -> None:
+        rng, round_ = random.Random(7), 0
+        while not self._stop.wait(1.0):
+            where = self._learner()
+            if where is None:
+                continue
+            for i in range(self.count):
+                kind = ROGUE_KINDS[(round_ + i) % len(ROGUE_KINDS)]
+                try:
+                    getattr(self, f"_{kind}")(*where, rng)
+                except Exception as err:  # the learner restarting under us: not the learner's fault
+                    self.tally[kind]["tried"] -= 1
+                    if not isinstance(err, (ConnectionError, OSError)):
+                        self._unexpected(kind, f"{type(err).__name__}: {err}")
+            round_ += 1
+            self._release(keep=4 * self.count)
+
+    def _learner(self) -> tuple[str, str | None] | None:
+        try:
+            found = _LISTENING.findall(self.log_path.read_text(errors="replace"))
+        except OSError:
+            return None
+        return (f"127.0.0.1:{found[-1][0]}", found[-1][1] or None) if found else None
+
+    def _unexpected(self, kind: str, what: str) -> None:
+        self.tally[kind]["unexpected"] += 1
+        if len(self.notes) < 10:
+            self.notes.append(f"{kind}: {what}")
+
+    def _expect(self, kind: str, connect, code: str) -> None:
+        """``connect()`` must be refused with ``code``."""
+        from lockstep.transport.grpc.client import LearnerRefused
+
+        self.tally[kind]["tried"] += 1
+        try:
+            connect().close()
+        except LearnerRefused as err:
+            if err.code == code:
+                self.tally[kind]["refused"] += 1
+            else:
+                self._unexpected(kind, f"refused with {err.code}, not {code}: {err.message[:200]}")
+            return
+        self._unexpected(kind, "welcomed")
+
+    def _silent(self, address: str, local: str | None, rng: random.Random) -> None:
+        """A member that says hello and then never steps (over the unix socket: no token needed there)."""
+        from lockstep.transport.shm.client import LocalConnection
+
+        if local is None:
+            return
+        self.tally["silent"]["tried"] += 1
+        self._held.append(LocalConnection(local, _hello(1000 + rng.randrange(1000)), connect_timeout=10))
+
+    def _absurd(self, address: str, local: str | None, rng: random.Random) -> None:
+        from lockstep.transport.grpc.client import Connection
+        from lockstep.transport.shm.client import LocalConnection
+
+        message = _hello(2000 + rng.randrange(1000))
+        if rng.random() < 0.5:
+            message.num_envs = 2**31 - 1
+        else:
+            message.run_id = "r" * 4_000_000
+        self._expect("absurd", lambda: Connection.open(address, message, connect_timeout=10, token=self.token),
+                     "INVALID_ARGUMENT")
+        if local is not None:
+            self._expect("absurd", lambda: LocalConnection(local, message, connect_timeout=10), "INVALID_ARGUMENT")
+
+    def _steal(self, address: str, local: str | None, rng: random.Random) -> None:
+        from lockstep.transport.grpc.client import Connection
+
+        self._expect("steal", lambda: Connection.open(address, _hello(0), connect_timeout=10, token=None),
+                     "UNAUTHENTICATED")
+
+    def _idle(self, address: str, local: str | None, rng: random.Random) -> None:
+        """A TCP connection to the gRPC port that never speaks, and one to the unix socket."""
+        self.tally["idle"]["tried"] += 1
+        host, port = address.rsplit(":", 1)
+        self._held.append(socket.create_connection((host, int(port)), timeout=10))
+        if local is not None:
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            unix.connect(local[len("unix:"):])
+            self._held.append(unix)
+
+    def _release(self, keep: int) -> None:
+        while len(self._held) > keep:
+            held = self._held.pop(0)
+            try:
+                held.close()
+            except Exception:
+                pass
+
+
+def _hello(actor_id: int):
+    """An honest CartPole actor's hello (the rogues change what they need)."""
+    import uuid
+
+    from lockstep.envs import env_spec
+    from lockstep.transport import PROTOCOL
+    from lockstep.transport import lockstep_pb2 as pb
+    from lockstep.transport.messages import space_to_proto
+
+    spec = env_spec("CartPole-v1")
+    return pb.Hello(protocol=PROTOCOL, actor_id=actor_id, run_id=uuid.uuid4().hex, num_envs=1, env_id=spec.env_id,
+                    observation_space=space_to_proto(spec.observation), action_space=space_to_proto(spec.action))
 
 
 def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
@@ -84,7 +242,12 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
 
     deadlocks = actor_kills = 0
     learner_killed = False
+    # the run's token, known here so that the absurd hellos get past it (the id stealers go without)
+    token = os.environ.setdefault("LOCKSTEP_TOKEN", secrets.token_urlsafe(32))
+    rogues = Rogues(opts.rogue, log_path, token)
+    resources: dict[str, tuple[float, int]] = {}  # "start": at the first iteration; "end": the last sample
     current = _Run(["--config", str(config_path), "--run-dir", str(run_dir)], log_path)
+    rogues.start()
     start = time.monotonic()
     next_kill = start + opts.kill_every_s
     last_rows, last_progress = 0, time.monotonic()
@@ -93,6 +256,10 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
         time.sleep(0.5)
         now = time.monotonic()
         rows = len(RunDir(run_dir).metrics())
+        sample = learner_resources(current.proc.pid) if rows else None
+        if sample is not None:
+            resources.setdefault("start", sample)
+            resources["end"] = sample
         if rows != last_rows:
             last_rows, last_progress = rows, now
         elif rows and now - last_progress > opts.deadlock_s:
@@ -115,6 +282,7 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
                 os.kill(rng.choice(pids), signal.SIGKILL)
                 actor_kills += 1
             next_kill = now + opts.kill_every_s * rng.uniform(0.5, 1.5)
+    rogues.stop()
     if current.alive():
         current.proc.kill()
         deadlocks += 1
@@ -122,13 +290,15 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
     current.log.close()
 
     report = build_report(run_dir, log_path, minutes=opts.minutes, deadlocks=deadlocks, actor_kills=actor_kills,
-                          learner_restarts=int(learner_killed), exit_code=current.proc.returncode)
+                          learner_restarts=int(learner_killed), exit_code=current.proc.returncode,
+                          rogues=rogues if opts.rogue else None, resources=resources)
     atomic_write(out / "soak.json", json.dumps(report, indent=2) + "\n")
     return report
 
 
 def build_report(run_dir: Path, log_path: Path, *, minutes: float, deadlocks: int, actor_kills: int,
-                 learner_restarts: int, exit_code: int | None) -> dict[str, Any]:
+                 learner_restarts: int, exit_code: int | None, rogues: Rogues | None = None,
+                 resources: dict[str, tuple[float, int]] | None = None) -> dict[str, Any]:
     """The soak report from what the run left behind (``summary.json``, ``metrics.csv``, the log) and
     what the soak saw (``exit_code``: the last ``lockstep train``'s, None if it never exited).
 
@@ -155,6 +325,13 @@ def build_report(run_dir: Path, log_path: Path, *, minutes: float, deadlocks: in
         "summary_found": bool(summary),
         "error": summary.get("error"),
     }
+    resources = resources or {}
+    report["learner_rss_mb"] = [round(resources[k][0], 1) if k in resources else None for k in ("start", "end")]
+    report["learner_open_files"] = [resources[k][1] if k in resources else None for k in ("start", "end")]
+    if rogues is not None:
+        report["rogue_clients"] = rogues.count
+        report["rogue"] = rogues.tally
+        report["rogue_unexpected"] = rogues.notes
     report["problems"] = problems(report)
     report["healthy"] = not report["problems"]
     return report
@@ -182,6 +359,10 @@ def problems(report: dict[str, Any]) -> list[str]:
         found.append(f"lockstep train exited with {report['exit_code']} (0 expected; see soak.log)")
     if report.get("error"):
         found.append(f"the run recorded an error: {report['error']}")
+    unexpected = sum(kind["unexpected"] for kind in report.get("rogue", {}).values())
+    if unexpected:
+        found.append(f"{unexpected} rogue client(s) were not refused as they must be: "
+                     + "; ".join(report.get("rogue_unexpected", [])))
     return found
 
 

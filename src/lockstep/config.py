@@ -156,6 +156,11 @@ class LearnerConfig:
                                            "float32)", gt=0, le=1e38)
     max_reward: float = setting(1e10, "the largest magnitude of a reward or a finished episode's return accepted "
                                       "from an actor; larger ones are refused", gt=0, le=1e38)
+    max_envs_per_actor: int = setting(65_536, "the most envs one actor's hello may bring; a larger hello is refused "
+                                              "before anything is allocated for it", ge=1)
+    max_id_length: int = setting(256, "the longest run id, env id or dtype name a hello may carry", ge=1)
+    max_space_elements: int = setting(1 << 24, "the most elements a hello's observation or action space may have",
+                                      ge=1)
     tls_cert: str = setting("", "PEM certificate chain; with learner.tls_key, the learner serves TLS",
                             flag="--tls-cert")
     tls_key: str = setting("", "PEM private key for learner.tls_cert", flag="--tls-key")
@@ -170,7 +175,15 @@ class LearnerConfig:
         """The limits both servers apply to every connection: keyword arguments of ``LearnerServer`` and
         ``LocalServer``."""
         return {"max_message_bytes": self.max_message_mb * 1024 * 1024,
-                "hello_timeout_s": self.hello_timeout_s, "max_connections": self.max_connections}
+                "hello_timeout_s": self.hello_timeout_s, "max_connections": self.max_connections,
+                "hello_limits": self.hello_limits}
+
+    @property
+    def hello_limits(self):
+        """These limits as the transports check them (``transport.messages.HelloLimits``)."""
+        from lockstep.transport.messages import HelloLimits
+
+        return HelloLimits(self.max_envs_per_actor, self.max_id_length, self.max_space_elements)
 
 
 @dataclass

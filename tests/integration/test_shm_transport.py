@@ -247,7 +247,7 @@ def test_a_client_that_says_nothing_is_dropped_after_the_hello_deadline(running_
 def test_a_region_larger_than_the_message_limit_is_refused_before_the_actor_joins(running_learner):
     running = running_learner({**STRICT, "learner.max_message_mb": 1}, transport="shm")
     sock = _raw(running.socket_path)
-    _send_hello(sock, hello(actor_id=4, num_envs=100_000))  # 100k envs x 2 x 16-byte observations > 1 MB
+    _send_hello(sock, hello(actor_id=4, num_envs=60_000))  # 60k envs x 2 x 16-byte observations > 1 MB
     code, message = _refusal(sock)
     assert code == "INVALID_ARGUMENT" and "bytes of shared memory" in message and "max_message_mb" in message
     assert running.learner.sessions.actor_ids == []

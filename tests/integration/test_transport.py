@@ -181,14 +181,15 @@ def test_many_held_requests_cost_the_learner_no_threads(tmp_path, free_port):
     learner = subprocess.Popen(
         [*lockstep_cmd(), "learner", "--listen", f"127.0.0.1:{free_port}", "--min-actors", "100",
          "--run-dir", str(tmp_path / "run"), "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "LOCKSTEP_TOKEN": "held"})
     connections = []
     try:
-        first = Connection(f"127.0.0.1:{free_port}", hello(num_envs=1), connect_timeout=30)
+        first = Connection(f"127.0.0.1:{free_port}", hello(num_envs=1), connect_timeout=30, token="held")
         connections.append(first)
         baseline = _threads(learner.pid)
         for i in range(1, 65):
-            conn = Connection(f"127.0.0.1:{free_port}", hello(actor_id=i, num_envs=1), connect_timeout=30)
+            conn = Connection(f"127.0.0.1:{free_port}", hello(actor_id=i, num_envs=1), connect_timeout=30,
+                              token="held")
             connections.append(conn)
             # Below --min-actors no phase starts: every step is held on the learner.
             conn._outbox.put(pb.ActorMessage(step=empty_step(np.zeros((1, 4), np.float32))))

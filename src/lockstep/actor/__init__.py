@@ -7,9 +7,10 @@ It reaches the learner over gRPC (``host:port``) or, on the learner's host, over
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from lockstep.common.backoff import Backoff
 from lockstep.config import ActorsConfig, EnvConfig
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
+from lockstep.transport.grpc import security
 from lockstep.transport.grpc.client import Connection, LearnerClosed, LearnerRefused, Misconfigured
 from lockstep.transport.messages import StepData, space_to_proto
 from lockstep.transport.shm.client import LocalConnection
@@ -34,7 +36,7 @@ class ActorOptions:
     actor_id: int = 0
     connect_timeout: float = 60.0  # for each connection attempt
     retry_for_s: float = 300.0  # keep reconnecting this long after the learner went away (0: never)
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # None: the token file of a learner on this host, if any
     tls_ca: str | None = None
     tls_server_name: str | None = None
 
@@ -156,25 +158,13 @@ def _run(opts: ActorOptions, vec) -> int:
 def _connect(opts: ActorOptions, hello: pb.Hello) -> Connection | LocalConnection:
     if is_local(opts.learner):  # same host: the socket's permissions stand in for a token and TLS
         return LocalConnection(opts.learner, hello, connect_timeout=opts.connect_timeout)
-    return Connection.open(opts.learner, hello, connect_timeout=opts.connect_timeout, token=opts.token,
+    token = opts.token or functools.partial(security.local_token, opts.learner)  # read when the learner listens
+    return Connection.open(opts.learner, hello, connect_timeout=opts.connect_timeout, token=token,
                            tls_ca=opts.tls_ca, tls_server_name=opts.tls_server_name)
 
 
 def process_main(opts: ActorOptions, log_level: int = logging.INFO) -> None:
-    """Entry point of a local actor process started by ``lockstep train`` (spawned, never forked)."""
-    _die_with_parent()
+    """A local actor process started by ``lockstep train``, once ``launch.actor_process`` has tied it to its
+    parent's life (spawned, never forked)."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     raise SystemExit(run(opts))
-
-
-def _die_with_parent() -> None:
-    """On Linux, ask the kernel to end this process when its parent dies, so no actor is orphaned."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass

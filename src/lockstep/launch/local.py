@@ -25,6 +25,7 @@ from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.wiring import Learner
 from lockstep.observe.metrics import write_summary
 from lockstep.observe.progress import Progress
+from lockstep.transport.grpc import security
 
 log = logging.getLogger("lockstep.train")
 
@@ -97,13 +98,31 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
         if ranks is not None:
             run_dir, config.run.seed = ranks_run(ranks, run_dir, config.run.seed)
             config.run.run_dir = str(run_dir)
+        security.check_listen(config.learner.listen, token)  # off loopback, actors elsewhere must be told the token
+        generated = not token
+        token = token or security.new_token()  # a token always (security.py), never written to the run directory
         actors = launcher(config, run_dir, token) if local_actors else None
         learner = run["learner"] = Learner(config, run_dir, token=token, resume=resume, ranks=ranks, parts=parts)
         if "signal" not in run and actors is not None:  # else nothing is started: the run ends before it began
             actors.prepare()
+
+        def publish(port: int) -> str:
+            """Write a generated token where actors started by hand find it (``lockstep learner`` only)."""
+            if not generated or local_actors:
+                return ""
+            if run.get("published") != port:
+                run["published"], run["token_file"] = port, security.publish_token(port, token)
+            return run["token_file"]
+
+        # a fixed port's token file is written before listening, so that no actor started at the same time
+        # as the learner connects before the token is there to read
+        fixed = int(config.learner.listen.rsplit(":", 1)[1])
+        if fixed:
+            publish(fixed)
         if "signal" not in run:
             thread.start()
-            _supervise(config, run_dir, learner, actors, thread, stopped=lambda: "signal" in run)
+            _supervise(config, run_dir, learner, actors, thread, stopped=lambda: "signal" in run,
+                       publish=publish if generated else None)
     except BaseException:
         failed = True  # an error, or a second signal: the learner stops at once
         raise
@@ -112,6 +131,8 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
             if "learner" in run:
                 run["forced"] = not _stop_learner(run["learner"], thread, at_once=failed)
         finally:
+            if run.get("published"):
+                security.unpublish_token(run["published"])
             if actors is not None:
                 actors.stop()  # and Ray, when it was started here: on every path
             for sig, handler in handlers.items():
@@ -137,9 +158,10 @@ def _serve(learner: Learner, run: dict[str, Any]) -> None:
 
 
 def _supervise(config: Config, run_dir: Path, learner: Learner, actors: Launcher | None,
-               thread: threading.Thread, stopped: Callable[[], bool]) -> None:
+               thread: threading.Thread, stopped: Callable[[], bool],
+               publish: Callable[[int], str] | None = None) -> None:
     """Start the actors once the learner listens (unless ``stopped`` by then), then watch both until the
-    learner is done."""
+    learner is done. ``publish(port)``: where a generated token was written for actors started by hand."""
     port = learner.wait_ready(timeout=60)
     if actors is not None and stopped():
         actors = None  # stopped while the learner started: none is started now
@@ -150,6 +172,9 @@ def _supervise(config: Config, run_dir: Path, learner: Learner, actors: Launcher
         host = config.learner.listen.rsplit(":", 1)[0]
         log.info("run directory %s; start actors with: lockstep actor --learner %s:%d --env %s --actor-id N",
                  run_dir, host, port, config.env.id)
+        if publish is not None:
+            log.info("no token given: this run's token is in %s; other actors need it with --token or $%s",
+                     publish(port), security.TOKEN_ENV)
         if learner.local_address:
             log.info("actors on this host can use shared memory instead: --learner %s", learner.local_address)
     with Progress(config, enabled=config.run.progress) as progress:

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from lockstep.actor import ActorOptions, process_main
+from lockstep.actor import ActorOptions
+from lockstep.launch import actor_process
 from lockstep.launch.restart import RestartPolicy, Supervisor
 
 if TYPE_CHECKING:
@@ -46,7 +49,9 @@ class ActorProcesses(Supervisor[Process]):
         return [a.handle.pid for a in self.actors if a.handle is not None and a.handle.is_alive()]
 
     def _spawn(self, actor_id: int) -> Process:
-        process = self._ctx.Process(target=process_main, args=(self._options[actor_id], self._level),
+        # plain values, so that the child ties itself to this process before it imports anything heavy
+        options = dataclasses.asdict(self._options[actor_id])
+        process = self._ctx.Process(target=actor_process.main, args=(options, self._level, os.getpid()),
                                     name=f"lockstep-actor-{actor_id}", daemon=True)
         process.start()
         return process

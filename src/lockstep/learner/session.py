@@ -102,7 +102,8 @@ class Sessions:
         if self.finished:
             raise Refused(UNAVAILABLE, "training is over")
         if old is not None:
-            dropped = self.disconnect(old, replaced_by=hello.run_id)
+            newer = f"run {hello.run_id}" + (f" from {hello.peer}" if hello.peer else "")
+            dropped = self.disconnect(old, replaced_by=newer)
             log.warning("actor %d reconnected (run %s replaces run %s); %d transition(s) of its unfinished "
                         "unroll dropped", hello.actor_id, hello.run_id[:8], old.run_id[:8], dropped)
         session = Session(self, hello)
@@ -199,7 +200,7 @@ class Session:
         # policy). A new session (a new run id: an actor that started or reconnected) starts from zeros;
         # an episode's end resets it.
         self.state = np.zeros((self.num_envs, sessions.backend.state_size), np.float32)
-        self.replaced_by: str | None = None  # run id of the connection that replaced this one
+        self.replaced_by: str | None = None  # the connection that replaced this one: "run ID from PEER"
         spec = sessions.spec
         self._shapes = (spec.observation.shape, np.dtype(spec.observation.dtype),
                         spec.action.element_shape, spec.action.action_dtype)
@@ -247,7 +248,7 @@ class Session:
         if self.replaced_by is not None:
             raise Refused(FAILED_PRECONDITION,
                           f"actor {self.member}: this connection (run {self.run_id}) was replaced by a newer one "
-                          f"with the same actor id (run {self.replaced_by}); if two actors share --actor-id, "
+                          f"with the same actor id ({self.replaced_by}); if two actors share --actor-id, "
                           "give each a distinct one")
 
     async def _admit(self, data: StepData) -> Admission | None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from lockstep.envs import SpaceSpec
 from lockstep.transport import lockstep_pb2 as pb
-from lockstep.transport.codec import CodecError, decode, encode
+from lockstep.transport.codec import MAX_DIMS, CodecError, decode, encode
 
 _KINDS = {"discrete": pb.Space.DISCRETE, "box": pb.Space.BOX}
 
@@ -43,10 +44,52 @@ class HelloInfo:
     env_id: str
     observation: SpaceSpec
     action: SpaceSpec
+    peer: str = ""  # where the hello came from, as its transport names it (for the log and refusals)
 
 
-def hello_from_proto(msg: pb.Hello) -> HelloInfo:
-    return HelloInfo(
+@dataclass(frozen=True)
+class HelloLimits:
+    """The largest hello a learner reads (``learner.max_envs_per_actor``, ``learner.max_id_length``,
+    ``learner.max_space_elements``): far above any real actor, far below what would exhaust the learner.
+
+    Every size a hello gives is what the learner allocates for that actor (slots, policy state, noise keys,
+    a shared-memory region) or keeps (its run id, for as long as the learner runs), so each is bounded
+    before anything is decoded or sized from it."""
+
+    max_envs: int = 65_536
+    max_id_length: int = 256
+    max_space_elements: int = 1 << 24
+
+
+DEFAULT_HELLO_LIMITS = HelloLimits()
+
+
+def check_hello(msg: pb.Hello, limits: HelloLimits) -> None:
+    """Refuse (``CodecError`` naming the field and its limit) a hello whose sizes are over ``limits``."""
+    for field, value in (("run_id", msg.run_id), ("env_id", msg.env_id),
+                         ("observation_space.dtype", msg.observation_space.dtype),
+                         ("action_space.dtype", msg.action_space.dtype)):
+        if len(value) > limits.max_id_length:
+            raise CodecError(f"hello.{field}: {len(value)} characters, over the limit of {limits.max_id_length} "
+                             "(learner.max_id_length)")
+    if msg.num_envs > limits.max_envs:
+        raise CodecError(f"hello.num_envs: {msg.num_envs} envs, over the limit of {limits.max_envs} per actor "
+                         "(learner.max_envs_per_actor); run more actors with fewer envs each")
+    for field, space in (("observation_space", msg.observation_space), ("action_space", msg.action_space)):
+        if len(space.shape) > MAX_DIMS:
+            raise CodecError(f"hello.{field}: {len(space.shape)} dimensions, over the limit of {MAX_DIMS}")
+        if any(d < 0 for d in space.shape):
+            raise CodecError(f"hello.{field}: negative shape {list(space.shape)}")
+        elements = max(math.prod(space.shape), space.n)
+        if elements > limits.max_space_elements:
+            raise CodecError(f"hello.{field}: {elements} elements (shape {list(space.shape)}, n {space.n}), over "
+                             f"the limit of {limits.max_space_elements} (learner.max_space_elements)")
+
+
+def hello_from_proto(msg: pb.Hello, limits: HelloLimits = DEFAULT_HELLO_LIMITS, peer: str = "") -> HelloInfo:
+    """The hello's values, its sizes checked against ``limits`` before anything is decoded from it."""
+    check_hello(msg, limits)
+    return HelloInfo(peer=peer,
         protocol=int(msg.protocol), actor_id=int(msg.actor_id), run_id=msg.run_id,
         num_envs=int(msg.num_envs), env_id=msg.env_id,
         observation=space_from_proto(msg.observation_space, "hello.observation_space"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -54,17 +54,25 @@ def translate(err: grpc.RpcError) -> Exception:
 
 
 class Connection:
-    """One stream to the learner. ``step`` sends a Step and waits for its Action."""
+    """One stream to the learner. ``step`` sends a Step and waits for its Action.
+
+    ``token``: the learner's token, or a function that returns it, called once the learner listens
+    (``security.local_token``: a learner on this host publishes a generated token when it starts)."""
 
     def __init__(self, address: str, hello: pb.Hello, connect_timeout: float = 30.0, *,
-                 token: str | None = None, tls_ca: str | None = None, tls_server_name: str | None = None,
+                 token: str | Callable[[], str | None] | None = None, tls_ca: str | None = None,
+                 tls_server_name: str | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.keepalive_time_ms", 10_000),  # notice a vanished learner within ~15 s
+            ("grpc.keepalive_time_ms", 10_000),  # notice a vanished learner within ~15 s ...
             ("grpc.keepalive_timeout_ms", 5_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # ... also while a request is held: no data flows then, and gRPC stops pinging after 2 pings
+            # without data unless this is 0 (the server permits a ping every 5 s without data) ...
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.ping_timeout_ms", 5_000),  # ... and a ping's own timeout (60 s) would replace keepalive's
         ]
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
@@ -79,6 +87,8 @@ class Connection:
         except BaseException:
             self._channel.close()
             raise
+        if callable(token):  # read once the learner listens: it may have published its token only now
+            token = token()
         call = self._channel.stream_stream(
             METHOD, request_serializer=pb.ActorMessage.SerializeToString,
             response_deserializer=pb.LearnerMessage.FromString,

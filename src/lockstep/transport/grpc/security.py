@@ -1,7 +1,13 @@
 """Who may connect: a shared token in call metadata, TLS through standard gRPC credentials.
 
-The learner listens on loopback by default. Listening on any other address needs
-a token, which every stream must present (compared in constant time).
+Every stream must present the learner's token (compared in constant time). ``lockstep train`` and
+``lockstep learner`` always have one: the configured one (``--token``, ``$LOCKSTEP_TOKEN``), else one
+generated for the run (``new_token``), so no other user of the host can say hello, feed data or take
+over an actor's session, even on loopback. The token is never written to the run directory; the actors
+``lockstep train`` starts receive it with their options (never on a command line), and a generated
+token of ``lockstep learner`` is kept for actors of the same user on this host in a file only that user
+can read (``publish_token``, read back by ``local_token``). Listening off loopback needs a token given
+by the user, since actors on other hosts must be told it.
 
 ``diagnose_tls`` tells an actor why its channel cannot come up when the cause is its own TLS settings.
 gRPC does not say: a channel only reports TRANSIENT_FAILURE, and the reason ("Socket closed", or an
@@ -23,9 +29,11 @@ gRPC's core reads it.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import os
+import secrets
 import socket
 import ssl
 from pathlib import Path
@@ -47,6 +55,57 @@ def token_from(flag: str | None) -> str | None:
     """The token from a flag, else from $LOCKSTEP_TOKEN, else None."""
     token = flag if flag else os.environ.get(TOKEN_ENV, "")
     return token or None
+
+
+def new_token() -> str:
+    """A token for one run, when none is configured: 256 random bits."""
+    return secrets.token_urlsafe(32)
+
+
+def token_file(port: int) -> Path:
+    """Where ``lockstep learner`` keeps the token it generated, for actors of the same user on this host:
+    in ``$XDG_RUNTIME_DIR`` (else ``~/.cache``), in a folder only the user can enter, one file per port."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or str(Path.home() / ".cache")
+    return Path(base) / "lockstep" / f"token-{port}"
+
+
+def publish_token(port: int, token: str) -> str:
+    """Write ``token`` to ``token_file(port)`` (mode 0600 in a 0700 folder); say where, or why it could not."""
+    path = token_file(port)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(token)
+    except OSError as err:
+        return f"nowhere ({path} cannot be written: {err.strerror}); pass --token to the learner and the actors"
+    return f"{path}, where `lockstep actor` of this user on this host finds it"
+
+
+def unpublish_token(port: int) -> None:
+    with contextlib.suppress(OSError):
+        token_file(port).unlink()
+
+
+def local_token(address: str) -> str | None:
+    """The token a learner of this user on this host published for ``address`` (loopback only), else None.
+    A file that others could read or that another user owns is ignored."""
+    try:
+        host, port = split_address(address)
+    except SecurityError:
+        return None
+    if not is_loopback(host):
+        return None
+    path = token_file(int(port))
+    try:
+        info = path.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            return None
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def is_loopback(host: str) -> bool:
@@ -93,7 +152,8 @@ def authorized(invocation_metadata, token: str) -> str | None:
         if key == METADATA_KEY:
             presented = value
     if presented is None:
-        return f"this learner requires a token: pass --token to the actor or set {TOKEN_ENV}"
+        return (f"this learner requires a token: pass --token to the actor or set {TOKEN_ENV} "
+                "(docs/cluster-and-security.md)")
     given = presented[len(SCHEME):] if presented.startswith(SCHEME) else presented
     if not hmac.compare_digest(given.encode(), token.encode()):
         return f"wrong token: pass the learner's token with --token or set {TOKEN_ENV}"

@@ -31,7 +31,9 @@ from lockstep.transport.connection import (
 from lockstep.transport.grpc import security
 from lockstep.transport.messages import (
     DEFAULT_BOUNDS,
+    DEFAULT_HELLO_LIMITS,
     HelloInfo,
+    HelloLimits,
     StepBounds,
     StepData,
     hello_from_proto,
@@ -93,10 +95,11 @@ def _kind(msg) -> str | None:
 class GrpcFraming:
     """One actor's stream as a ``connection.Framing``: protobuf messages in, ``pb.LearnerMessage`` out."""
 
-    def __init__(self, requests, context: grpc.aio.ServicerContext, token: str | None, bounds: StepBounds) -> None:
+    def __init__(self, requests, context: grpc.aio.ServicerContext, token: str | None, bounds: StepBounds,
+                 limits: HelloLimits = DEFAULT_HELLO_LIMITS) -> None:
         self.peer = context.peer()
         self.incoming = requests
-        self._context, self._token, self._bounds = context, token, bounds
+        self._context, self._token, self._bounds, self._limits = context, token, bounds, limits
         self._who = self.peer
 
     async def hello(self) -> HelloInfo | None:
@@ -111,7 +114,7 @@ class GrpcFraming:
             got = "bytes that are not a protobuf message" if isinstance(first, _Malformed) else (
                 _kind(first) or "an empty message")
             raise Refused(FAILED_PRECONDITION, f"the first message must be a hello, got {got}")
-        hello = hello_from_proto(first.hello)
+        hello = hello_from_proto(first.hello, self._limits, self.peer)
         self._who = f"actor {hello.actor_id}"
         return hello
 
@@ -153,8 +156,10 @@ class LearnerServer:
     def __init__(self, handler: ActorHandler, listen: str, *, token: str | None = None,
                  tls: tuple[str, str] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  bounds: StepBounds = DEFAULT_BOUNDS, hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, hello_limits: HelloLimits = DEFAULT_HELLO_LIMITS
+                 ) -> None:
         security.check_server(listen, token, *(tls or (None, None)))
+        self._hello_limits = hello_limits
         self._handler = handler
         self._listen = listen
         self._token = token
@@ -205,7 +210,7 @@ class LearnerServer:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         self._streams += 1
         try:
-            framing = GrpcFraming(requests, context, self._token, self._bounds)
+            framing = GrpcFraming(requests, context, self._token, self._bounds, self._hello_limits)
             async for message in serve_connection(framing, self._handler, self._refusals, self._codec,
                                                   self._hello_timeout_s):
                 yield message

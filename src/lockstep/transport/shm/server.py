@@ -46,7 +46,16 @@ from lockstep.transport.connection import (
     reserve_descriptors,
     send_connection,
 )
-from lockstep.transport.messages import DEFAULT_BOUNDS, HelloInfo, StepBounds, StepData, check_step, hello_from_proto
+from lockstep.transport.messages import (
+    DEFAULT_BOUNDS,
+    DEFAULT_HELLO_LIMITS,
+    HelloInfo,
+    HelloLimits,
+    StepBounds,
+    StepData,
+    check_step,
+    hello_from_proto,
+)
 from lockstep.transport.protocol import (
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,
@@ -78,8 +87,10 @@ class LocalServer:
 
     def __init__(self, handler: ActorHandler, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  bounds: StepBounds = DEFAULT_BOUNDS, hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, hello_limits: HelloLimits = DEFAULT_HELLO_LIMITS
+                 ) -> None:
         self._handler = handler
+        self._hello_limits = hello_limits
         self._max_bytes = max_message_bytes
         self._bounds = bounds  # of every step's values (messages.check_step)
         self._hello_timeout_s, self._max_connections = hello_timeout_s, max_connections
@@ -175,7 +186,7 @@ class LocalServer:
 
     async def _serve(self, sock: socket.socket) -> None:
         """One actor's connection: the hello, then one step and one reply at a time until either side ends."""
-        framing = ShmFraming(_Peer(sock), self._max_bytes, self._bounds)
+        framing = ShmFraming(_Peer(sock), self._max_bytes, self._bounds, self._hello_limits)
         try:
             await send_connection(framing, self._handler, self._refusals, self._codec, self._hello_timeout_s)
         except NotReading as err:
@@ -193,8 +204,10 @@ class ShmFraming:
     WELCOME frame, which ``send`` sends with the region's descriptor.
     """
 
-    def __init__(self, peer: _Peer, max_bytes: int, bounds: StepBounds) -> None:
+    def __init__(self, peer: _Peer, max_bytes: int, bounds: StepBounds,
+                 limits: HelloLimits = DEFAULT_HELLO_LIMITS) -> None:
         self.peer = self.who = "a local client"
+        self._limits = limits
         self._peer, self._max_bytes, self._bounds = peer, max_bytes, bounds
         self._layout: wire.Layout | None = None
         self._region: wire.Region | None = None
@@ -236,7 +249,7 @@ class ShmFraming:
         except DecodeError:
             raise Refused(FAILED_PRECONDITION, "the first message must be a hello, got bytes that are not a "
                           "protobuf Hello message") from None
-        return hello_from_proto(msg)
+        return hello_from_proto(msg, self._limits)
 
     def _sized(self, hello: HelloInfo) -> wire.Layout | None:
         """The actor's region, sized before the handler sees the hello (None: ``connect`` refuses num_envs < 1)."""

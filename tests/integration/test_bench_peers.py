@@ -4,18 +4,15 @@ of CleanRL and lockstep runs per seed, and the report with its ratios and load a
 Fetching CleanRL into its throwaway virtual environment takes minutes (torch, gym, gymnasium, MuJoCo), too
 long for the suite, so the end-to-end test here runs a CleanRL-like script: a real subprocess stepping real
 CartPole with the command line and the output lines of CleanRL's ppo.py, against a real ``lockstep train``.
-With LOCKSTEP_PEERS_CACHE naming a folder where ``lockstep bench peers --cache DIR`` has made CleanRL's
-environment, the last test runs CleanRL itself."""
+CleanRL itself runs in the benchmark: ``lockstep bench peers --only cartpole --steps 2048 --out DIR``."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 from conftest import lockstep_cmd
@@ -118,24 +115,6 @@ def test_cleanrl_like_and_lockstep_runs_interleave_per_seed_into_one_report(tmp_
 def test_an_unknown_workload_is_named(tmp_path):
     with pytest.raises(ValueError, match="unknown workload 'pong'; workloads: cartpole, hopper"):
         peers.run(peers.PeersOptions(workloads=["pong"], python=sys.executable, scripts=tmp_path), tmp_path, "x")
-
-
-CACHE = os.environ.get("LOCKSTEP_PEERS_CACHE")
-
-
-@pytest.mark.skipif(not (CACHE and (Path(CACHE) / "ready.json").is_file()),
-                    reason="set LOCKSTEP_PEERS_CACHE to a folder prepared by lockstep bench peers --cache DIR")
-def test_cleanrl_itself_against_lockstep_at_a_tiny_scale(tmp_path):
-    out = tmp_path / "out"
-    result = subprocess.run([*lockstep_cmd(), "bench", "peers", "--only", "cartpole", "--steps", "2048",
-                             "--cache", str(CACHE), "--out", str(out)], capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads((out / "peers.json").read_text())
-    assert [r["side"] for r in report["runs"]] == ["cleanrl", "lockstep"]
-    cleanrl = report["runs"][0]
-    assert cleanrl["error"] is None and cleanrl["env_steps"] == 2048 and cleanrl["env_steps_per_s"] > 0
-    assert cleanrl["final_return"] is not None  # it printed episodic_return lines
-    assert report["summary"]["cartpole"]["ratio_env_steps_per_s"] is not None
 
 
 @pytest.mark.parametrize("flag, value, least", [("--seeds", "0", 1), ("--steps", "-5", 1), ("--peer-threads", "-1", 0)])

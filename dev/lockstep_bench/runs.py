@@ -101,8 +101,9 @@ def train(config_path: Path, run_dir: Path, log_path: Path, timeout_s: float | N
 
 
 def start(args: list[str], log: IO[str], subcommand: str = "train", knobs: Knobs = NO_KNOBS,
-          new_session: bool = False) -> subprocess.Popen:
+          new_session: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``lockstep SUBCOMMAND ARGS`` and return at once, for a benchmark that watches, kills or resumes it;
-    ``new_session``: in its own process group, so that the caller can kill it with its actors."""
+    ``new_session``: in its own process group, so that the caller can kill it with its actors; ``env``: its
+    environment (this one's by default)."""
     return subprocess.Popen(command(args, knobs, subcommand), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=new_session)
+                            start_new_session=new_session, env=env)

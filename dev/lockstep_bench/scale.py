@@ -48,6 +48,7 @@ import grpc
 
 from lockstep import config as config_lib
 from lockstep.observe.run_dir import RunDir
+from lockstep.transport.grpc import security
 from lockstep_bench import cell, runs
 from lockstep_bench.runs import tail
 
@@ -144,7 +145,8 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _start_clients(folder: Path, actors: int, envs: int, port: int, opts: ScaleOptions) -> list[tuple]:
+def _start_clients(folder: Path, actors: int, envs: int, port: int, opts: ScaleOptions,
+                   env: dict[str, str]) -> list[tuple]:
     hello = hello_template(ENV_ID, envs).hex()
     processes = math.ceil(actors / opts.actors_per_process)
     clients = []
@@ -156,7 +158,7 @@ def _start_clients(folder: Path, actors: int, envs: int, port: int, opts: ScaleO
         plan_path.write_text(json.dumps(plan))
         log = (folder / f"client-{i}.log").open("w")
         proc = subprocess.Popen([sys.executable, "-m", "lockstep_bench.scale_client", str(plan_path), str(counts)],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         clients.append((proc, counts, log))
     return clients
 
@@ -205,15 +207,16 @@ def run_size(actors: int, envs: int, opts: ScaleOptions, out: Path) -> dict[str,
         "actors": actors, "envs_per_actor": envs, "client_processes": math.ceil(actors / opts.actors_per_process),
         "load_1m_start": round(os.getloadavg()[0], 2), "errors": []}
     log_path = folder / "learner.log"
+    env = os.environ | {security.TOKEN_ENV: security.new_token()}  # learner's and clients' (no argv)
     with log_path.open("w") as log:
         learner = runs.start(["--config", str(folder / "config.yaml"), "--run-dir", str(run_dir)], log,
-                             subcommand="learner", new_session=True)
+                             subcommand="learner", new_session=True, env=env)
     clients: list[tuple] = []
     try:
         port = _wait_for_port(learner, log_path, opts.startup_s)
         time.sleep(0.5)
         row["learner_rss_idle_mb"] = rss_mb(learner.pid)
-        clients = _start_clients(folder, actors, envs, port, opts)
+        clients = _start_clients(folder, actors, envs, port, opts, env)
         seen = _watch(learner, clients, run_dir, opts)
     except RuntimeError as err:
         seen = {"stuck": None, "rss_mb": None}

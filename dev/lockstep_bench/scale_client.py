@@ -39,6 +39,7 @@ import numpy as np
 from lockstep.transport import METHOD
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import decode, encode
+from lockstep.transport.grpc import security
 
 # One TCP connection per simulated actor: without a local subchannel pool, channels of one process to one
 # address share a connection, and the learner would serve a handful of connections instead of N.
@@ -90,7 +91,8 @@ async def simulated_actor(address: str, hello: pb.Hello, episode_length: int, ta
     """One actor: hello, then steps until the learner ends the stream (or refuses it)."""
     first, ordinary, ending = step_messages(hello, episode_length, seed=hello.actor_id)
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        call = channel.stream_stream(METHOD)(wait_for_ready=True)  # no serializers: bytes both ways
+        call = channel.stream_stream(METHOD)(  # no serializers: bytes both ways
+            wait_for_ready=True, metadata=security.metadata(security.token_from(None)))  # $LOCKSTEP_TOKEN
         try:
             await call.write(pb.ActorMessage(hello=hello).SerializeToString())
             reply = await call.read()

@@ -226,6 +226,9 @@ def run(opts: SoakOptions, out: Path) -> dict[str, Any]:
     run_dir = out / "run"
     config = Config()
     config.actors.count, config.actors.envs_per_actor = opts.actors, opts.envs_per_actor
+    # every kill may land on the same actor: enough restarts that no actor runs out of them (a fleet that
+    # is gone for good cannot make progress, which would read as a deadlock)
+    config.actors.restarts = int(opts.minutes * 60 / opts.kill_every_s) + 10
     config.ppo.steps_per_env = 64
     config.ppo.total_steps = 10**9
     config.ppo.lr = 1e-3

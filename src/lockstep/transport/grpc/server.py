@@ -67,6 +67,10 @@ def server_options(max_message_bytes: int, hello_timeout_s: float = DEFAULT_HELL
         ("grpc.keepalive_timeout_ms", 5_000),  # ... and drop a stream whose actor does not answer in 5 s
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
+        # ... also while no data flows (a held request, an actor between steps): gRPC stops pinging after
+        # 2 pings without data unless this is 0, and a ping's own timeout (60 s) would replace keepalive's
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.ping_timeout_ms", 5_000),
         ("grpc.so_reuseport", 0),
         ("grpc.server_handshake_timeout_ms", idle_ms),  # a TCP connection that never speaks HTTP/2 ...
         ("grpc.max_connection_idle_ms", idle_ms),  # ... or opens no stream is closed, so it holds no descriptor

@@ -104,7 +104,9 @@ def test_a_ray_actor_killed_mid_phase_is_restarted_by_ray_and_its_unroll_is_drop
     with log.open("w") as out_file:
         proc = subprocess.Popen(
             [*lockstep_cmd(), "train", "--launcher", "ray", "--ray-address", address, *RUN,
-             "--steps-per-env", str(steps), "--total-steps", str(4 * steps * 16), "--run-dir", str(run_dir)],
+             # long enough that a restarted worker comes back (and is counted) before the run ends, also on
+             # a busy machine where Ray takes seconds to start it again
+             "--steps-per-env", str(steps), "--total-steps", str(4 * steps * 32), "--run-dir", str(run_dir)],
             stdout=out_file, stderr=subprocess.STDOUT, env=env)
     killed = []
     try:

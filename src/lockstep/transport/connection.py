@@ -44,6 +44,7 @@ from lockstep.transport.protocol import (
 log = logging.getLogger(__name__)
 
 DEFAULT_HELLO_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 1024  # on each of the gRPC port and the unix socket (learner.max_connections)
 FILES_MARGIN = 256  # descriptors kept free beside the connections: checkpoints, logs, event files, libraries
 
 

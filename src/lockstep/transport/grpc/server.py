@@ -23,6 +23,7 @@ from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import encode
 from lockstep.transport.connection import (
     DEFAULT_HELLO_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
     CodecClock,
     release_descriptors,
     reserve_descriptors,
@@ -53,8 +54,6 @@ from lockstep.transport.protocol import (
 
 log = logging.getLogger(__name__)
 
-
-DEFAULT_MAX_CONNECTIONS = 1024
 
 
 def server_options(max_message_bytes: int, hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S,

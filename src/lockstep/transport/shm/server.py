@@ -41,6 +41,7 @@ from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError
 from lockstep.transport.connection import (
     DEFAULT_HELLO_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
     CodecClock,
     release_descriptors,
     reserve_descriptors,
@@ -71,7 +72,6 @@ from lockstep.transport.shm import layout as wire
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_CONNECTIONS = 1024
 SOCKET_NAME = "learner.sock"
 DIR_PREFIX = "lockstep-"
 MAX_PATH = 100  # a unix socket path must fit in sun_path (108 bytes with its NUL, less on some systems)

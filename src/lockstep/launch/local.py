@@ -139,14 +139,14 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
                 signal.signal(sig, handler)
     if ranks is not None and "summary" in run and not run.get("forced"):
         ranks.close()  # every rank finished its run (a stop too is agreed): leave the process group together
+    summary = run.get("summary")
+    if summary is not None and actors is not None:  # a run stopped by a signal has its summary too
+        summary["actor_restarts"] = actors.restarts
+        write_summary(run_dir / "summary.json", summary)
     if "signal" in run:
         raise Interrupted(run["signal"])
     if "error" in run:
         raise run["error"]
-    summary = run["summary"]
-    if actors is not None:
-        summary["actor_restarts"] = actors.restarts
-        write_summary(run_dir / "summary.json", summary)
     return summary
 
 

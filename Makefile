@@ -37,7 +37,7 @@ train: install
 
 test: install-all
 	$(VENV)/bin/ruff check
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 # The inner loop: unit tests only (no learner processes, no training runs), under two minutes.
 test-fast: install-all

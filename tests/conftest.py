@@ -141,3 +141,12 @@ def running_learner(run_dir) -> Iterator[Callable[..., RunningLearner]]:
             errors.append(err)
     if errors:
         raise errors[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """With pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``): a file's tests run in order on one
+    worker, so a module's fixture is built once; every test that starts Ray runs on the same worker, so no two Ray
+    instances start on this host at once."""
+    for item in items:
+        uses_ray = "ray" in item.path.name or "[ray]" in item.name
+        item.add_marker(pytest.mark.xdist_group("ray" if uses_ray else item.path.name))

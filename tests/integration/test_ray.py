@@ -123,7 +123,9 @@ def test_a_ray_actor_killed_mid_phase_is_restarted_by_ray_and_its_unroll_is_drop
                 time.sleep(0.1)
             if sum(int(r["dropped_transitions"]) for r in RunDir(run_dir).metrics()) > 0:
                 break
-        # however long Ray takes to bring the workers back: each restart is counted, then a phase trains with it
+        # however long Ray takes to bring the workers back (on a busy host, many seconds): each restart is
+        # counted, then a phase trains with it
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and log.read_text().count("restarted by Ray") < len(killed):
             time.sleep(0.1)
         rows = len(RunDir(run_dir).metrics())

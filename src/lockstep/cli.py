@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "eval")
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (its config.yaml and checkpoints/)")
     p.add_argument("--checkpoint", metavar="FILE",
-                   help="checkpoint to load (default: RUN_DIR/checkpoints/final.pt, else the newest iter_N.pt)")
+                   help="checkpoint to load: best (checkpoints/best.pt, the best evaluation while training), a "
+                        "file (default: RUN_DIR/checkpoints/final.pt, else the newest iter_N.pt)")
     p.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     p.add_argument("--deterministic", action="store_true",
                    help="take the most likely action (argmax, or the Gaussian's mean) instead of sampling")

@@ -1,5 +1,5 @@
-"""Evaluation while training (``run.eval_every``): its columns and best.pt, an unchanged training curve, and
-``lockstep eval --checkpoint best``.
+"""Evaluation while training (``run.eval_every``): its columns, best.pt and videos, an unchanged training curve,
+and ``lockstep eval --checkpoint best``.
 
 The evaluation process starts beside training and takes seconds to load torch at its lower priority, so a
 short run can end before any evaluation reaches a metrics row. The run with evaluation therefore trains
@@ -11,6 +11,7 @@ row by row, so their first ``ITERATIONS`` rows must be identical.
 from __future__ import annotations
 
 import csv
+import sys
 import threading
 import time
 
@@ -25,6 +26,25 @@ from lockstep.learner import checkpoint
 from lockstep.learner.wiring import Learner
 from lockstep.tools import eval as evaluation
 
+# CartPole whose step takes a millisecond, as a real env's does: training then leaves the evaluation process
+# (at its lower priority) enough CPU to load torch within seconds; plain CartPole in process keeps a core
+# busy, and on a loaded 2-core machine the first evaluation came after half a minute.
+SLOW_ENV = '''
+import time
+
+import gymnasium as gym
+
+
+class Slow(gym.Wrapper):
+    def step(self, action):
+        time.sleep(0.001)
+        return self.env.step(action)
+
+
+def make(**kwargs):
+    return Slow(gym.make("CartPole-v1", **kwargs))
+'''
+ENV_ID = "slowcartpole:make"
 ITERATIONS = 60
 T, ENVS = 8, 2
 WAIT_S = 240  # the most the run with evaluation trains while its first evaluation is awaited (a failure after)
@@ -34,6 +54,7 @@ EVAL = ("eval_return_mean", "eval_return_std", "eval_iteration", "eval_env_steps
 
 def _config(eval_every: int, iterations: int) -> Config:
     config = Config()
+    config.env.id = ENV_ID
     config.actors.count, config.actors.envs_per_actor = 1, ENVS
     config.ppo.steps_per_env, config.ppo.total_steps = T, ENVS * T * iterations
     config.ppo.epochs, config.ppo.minibatches = 1, 1  # cheap iterations: the point is the rows, not learning
@@ -44,6 +65,7 @@ def _config(eval_every: int, iterations: int) -> Config:
     config.run.progress = False
     config.run.thresholds = []
     config.run.eval_every, config.run.eval_episodes = eval_every, 2
+    config.run.eval_video_every = 1000 if eval_every else 0  # the first evaluation only
     return config
 
 
@@ -63,7 +85,7 @@ def _train_until_evaluated(run_dir) -> dict:
     serving.start()
     try:
         learner.wait_ready(timeout=60)
-        actors = InProcessActors("CartPole-v1", ENVS, [0], RestartPolicy(max_restarts=0))
+        actors = InProcessActors(ENV_ID, ENVS, [0], RestartPolicy(max_restarts=0))
         actors.start(learner)
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline and serving.is_alive():
@@ -81,9 +103,14 @@ def _train_until_evaluated(run_dir) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("evaltrain")
-    plain = train(_config(eval_every=0, iterations=ITERATIONS), base / "plain")
-    evaluated = _train_until_evaluated(base / "evaluated")
-    return base, plain, evaluated
+    (base / "slowcartpole.py").write_text(SLOW_ENV)
+    sys.path.insert(0, str(base))  # the evaluation process is spawned with this sys.path, and finds it too
+    try:
+        plain = train(_config(eval_every=0, iterations=ITERATIONS), base / "plain")
+        yield base, plain, _train_until_evaluated(base / "evaluated")
+    finally:
+        sys.path.remove(str(base))
+        sys.modules.pop("slowcartpole", None)
 
 
 def test_evaluation_while_training_writes_its_columns_and_best_pt(runs):
@@ -106,6 +133,14 @@ def test_evaluation_while_training_writes_its_columns_and_best_pt(runs):
     assert best["eval"]["return_mean"] >= max(float(r["eval_return_mean"]) for r in rows if r["eval_return_mean"])
     assert best["trainer"]["iteration"] == found["best"]["iteration"]
     assert checkpoint.find(base / "evaluated" / "checkpoints", checkpoint.NEWEST).name != checkpoint.BEST_FILE
+
+
+def test_the_first_evaluation_records_its_episodes_as_lockstep_eval_video_does(runs):
+    base, _, _ = runs
+    videos = base / "evaluated" / "videos"
+    assert sorted(p.name for p in videos.iterdir()) == ["iter_000001"]  # evaluations 1, 1001, ...: the first
+    assert sorted(p.name for p in (videos / "iter_000001").iterdir()) == ["episode-000.mp4", "episode-001.mp4"]
+    assert all(p.stat().st_size > 0 for p in (videos / "iter_000001").iterdir())
 
 
 def test_a_strict_run_trains_the_same_with_and_without_evaluation(runs):

@@ -260,7 +260,8 @@ HELP = {
              "learner, no gRPC) and plays --episodes episodes (atari: ids whole games, raw scores). Prints each\n"
              "return and length and the mean ± std, and writes RUN_DIR/eval.json.",
              "lockstep eval runs/NAME --episodes 20 --deterministic\n"
-             "lockstep eval runs/NAME --episodes 3 --video videos/   # videos/episode-000.mp4, ..."),
+             "lockstep eval runs/NAME --episodes 3 --video videos/   # videos/episode-000.mp4, ...\n"
+             "lockstep eval runs/NAME --checkpoint best   # a run with --eval-every: its best evaluated version"),
     "plot": ("learning curves: the mean and min-max of runs that share a config",
              "Reads each RUN_DIR's metrics.csv, groups the runs whose config.yaml differs only in its run\n"
              "section, and draws each group against env steps and/or wall time (pip install -e '.[plot]').",

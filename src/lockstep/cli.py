@@ -139,6 +139,10 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     print(f"done: {summary['env_steps']:,} env steps in {summary['wall_s']:.1f} s "
           f"({summary['sps']:,.0f} steps/s), mean return (last 100) "
           f"{'n/a' if ret is None else f'{ret:.1f}'}" + (f"; first reached {reached}" if reached else ""))
+    best = (summary.get("evaluation") or {}).get("best")
+    if best:
+        print(f"best evaluation: return {best['return_mean']:.1f} ± {best['return_std']:.1f} at iteration "
+              f"{best['iteration']} ({best['env_steps']:,} env steps), {run_dir / 'checkpoints' / 'best.pt'}")
     print(f"run directory: {run_dir}")
 
 

@@ -81,3 +81,15 @@ def test_the_progress_line_shows_the_newest_evaluation_once_there_is_one():
     assert "eval" not in progress._line(status)
     evaluated = Status(iteration=5, eval_return_mean=123.4, eval_iteration=4)
     assert progress._line(evaluated).endswith("| eval 123.4 (iter 4)")
+
+
+def test_the_end_of_run_lines_name_the_best_evaluation_and_best_pt(tmp_path, capsys):
+    from lockstep import cli
+
+    summary = {"env_steps": 2048, "wall_s": 3.0, "sps": 682.7, "episode_return_mean": 50.0, "first_reached": {}}
+    cli._print_summary(summary, tmp_path)
+    assert "best evaluation" not in capsys.readouterr().out
+    best = {"iteration": 4, "env_steps": 1024, "return_mean": 87.5, "return_std": 3.25}
+    cli._print_summary({**summary, "evaluation": {"best": best}}, tmp_path)
+    assert (f"best evaluation: return 87.5 ± 3.2 at iteration 4 (1,024 env steps), {tmp_path}/checkpoints/best.pt"
+            in capsys.readouterr().out)

@@ -11,6 +11,9 @@ row by row, so their first ``ITERATIONS`` rows must be identical.
 from __future__ import annotations
 
 import csv
+import logging
+import os
+import signal
 import sys
 import threading
 import time
@@ -77,8 +80,8 @@ def _rows(run_dir) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def _train_until_evaluated(run_dir) -> dict:
-    """Train with evaluation every iteration until a row holds an evaluation and there are ITERATIONS rows."""
+def _train_until(run_dir, done) -> tuple[Learner, dict]:
+    """Train with evaluation every iteration until ``done(learner, rows)``; the learner and its summary."""
     learner = Learner(_config(eval_every=1, iterations=100_000), run_dir)
     result = {}
     serving = threading.Thread(target=lambda: result.update(summary=learner.serve()))
@@ -88,16 +91,19 @@ def _train_until_evaluated(run_dir) -> dict:
         actors = InProcessActors(ENV_ID, ENVS, [0], RestartPolicy(max_restarts=0))
         actors.start(learner)
         deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and serving.is_alive():
-            rows = _rows(run_dir)
-            if len(rows) >= ITERATIONS and any(r["eval_return_mean"] for r in rows):
-                break
+        while time.monotonic() < deadline and serving.is_alive() and not done(learner, _rows(run_dir)):
             time.sleep(0.2)
     finally:
         learner.stop()
         serving.join(timeout=60)
     assert not serving.is_alive() and "summary" in result
-    return result["summary"]
+    return learner, result["summary"]
+
+
+def _train_until_evaluated(run_dir) -> dict:
+    """Train until a row holds an evaluation and there are ITERATIONS rows."""
+    return _train_until(run_dir, lambda _, rows: len(rows) >= ITERATIONS
+                        and any(r["eval_return_mean"] for r in rows))[1]
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +169,23 @@ def test_lockstep_eval_plays_best_pt_as_the_evaluation_did(runs, capsys):
     report = evaluation.evaluate(run_dir, episodes=2, deterministic=True, seed=found["seed"], checkpoint="best")
     assert report.iteration == found["best"]["iteration"]
     assert report.returns.mean() == pytest.approx(found["best"]["return_mean"])
+
+
+def test_a_killed_evaluation_process_stops_evaluation_and_training_goes_on(runs, caplog):
+    base, _, _ = runs
+    killed = {}
+
+    def kill_then_train_on(learner, rows):
+        evaluator = learner.report.evaluator
+        if not killed and evaluator.submitted:  # an evaluation in flight
+            os.kill(evaluator._process.pid, signal.SIGKILL)
+            killed["at"] = len(rows)
+        return bool(killed) and len(rows) >= killed["at"] + 20
+
+    caplog.set_level(logging.INFO, logger="lockstep.learner.evaluation")
+    learner, summary = _train_until(base / "killed", kill_then_train_on)
+    assert summary["error"] is None and summary["iterations"] >= killed["at"] + 20
+    assert "the evaluation process died (exit code -9)" in caplog.text
+    evaluation_summary = summary["evaluation"]
+    assert evaluation_summary["finished"] == 0 and not learner.report.evaluator.due(summary["iterations"])
+    assert not any(r["eval_return_mean"] for r in _rows(base / "killed"))

@@ -93,3 +93,10 @@ def test_the_end_of_run_lines_name_the_best_evaluation_and_best_pt(tmp_path, cap
     cli._print_summary({**summary, "evaluation": {"best": best}}, tmp_path)
     assert (f"best evaluation: return 87.5 ± 3.2 at iteration 4 (1,024 env steps), {tmp_path}/checkpoints/best.pt"
             in capsys.readouterr().out)
+
+
+def test_a_resumed_run_must_beat_the_best_pt_it_has(tmp_path):
+    assert evaluation._stored_best(tmp_path) == -math.inf
+    checkpoint.save({"trainer": {"iteration": 3}, "eval": {"return_mean": 42.5}},
+                    tmp_path / "checkpoints" / checkpoint.BEST_FILE)
+    assert evaluation._stored_best(tmp_path) == 42.5

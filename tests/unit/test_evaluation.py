@@ -96,7 +96,8 @@ def test_the_end_of_run_lines_name_the_best_evaluation_and_best_pt(tmp_path, cap
 
 
 def test_a_resumed_run_must_beat_the_best_pt_it_has(tmp_path):
-    assert evaluation._stored_best(tmp_path) == -math.inf
-    checkpoint.save({"trainer": {"iteration": 3}, "eval": {"return_mean": 42.5}},
+    assert evaluation._stored_best(tmp_path) is None
+    figures = evaluation.EvalResult(3, 96, 3, [40.0, 45.0], [40, 45], 0.1).figures()
+    checkpoint.save({"trainer": {"iteration": 3}, "eval": {**figures, "deterministic": True, "seed": 5}},
                     tmp_path / "checkpoints" / checkpoint.BEST_FILE)
-    assert evaluation._stored_best(tmp_path) == 42.5
+    assert evaluation._stored_best(tmp_path) == figures and figures["return_mean"] == 42.5

@@ -93,8 +93,10 @@ class EvalResult:
         """The population std over the episodes (numpy's default, as ``lockstep eval`` reports it)."""
         return statistics.pstdev(self.returns) if self.returns else math.nan
 
+    FIGURES = ("iteration", "env_steps", "version", "episodes", "return_mean", "return_std")
+
     def figures(self) -> dict[str, Any]:
-        """What summary.json holds of it."""
+        """What summary.json and best.pt hold of it (the keys of ``FIGURES``)."""
         return {"iteration": self.iteration, "env_steps": self.env_steps, "version": self.version,
                 "episodes": len(self.returns), "return_mean": self.return_mean, "return_std": self.return_std}
 
@@ -123,11 +125,11 @@ class Evaluator:
         self.seed = eval_seed(config)
         self.submitted = 0  # evaluations handed over
         self.finished = 0  # ... and come back with returns
-        self.best: EvalResult | None = None
+        self.best: dict[str, Any] | None = _stored_best(run_dir) if resume else None  # figures(), of best.pt
         self.last: EvalResult | None = None
         self._in_flight: int | None = None  # the iteration being evaluated
         self._failed = False  # the process died: no more evaluations
-        best = _stored_best(run_dir) if resume else -math.inf
+        best = -math.inf if self.best is None else self.best["return_mean"]
         ctx = mp.get_context("spawn")
         self._requests, self._results = ctx.Queue(), ctx.Queue()
         self._process = ctx.Process(
@@ -177,7 +179,7 @@ class Evaluator:
         self.finished += 1
         self.last = result
         if result.best:
-            self.best = result
+            self.best = result.figures()
         log.info("evaluation of iteration %d (%d env steps): return %.1f ± %.1f over %d episodes in %.1f s%s",
                  result.iteration, result.env_steps, result.return_mean, result.return_std, len(result.returns),
                  result.seconds, "; best so far, checkpoints/best.pt" if result.best else "")
@@ -203,17 +205,19 @@ class Evaluator:
     def summary(self, skipped: int) -> dict[str, Any]:
         """summary.json's ``evaluation``."""
         return {"every": self.every, "seed": self.seed, "finished": self.finished, "skipped": skipped,
-                "best": self.best and self.best.figures(), "last": self.last and self.last.figures()}
+                "best": self.best, "last": self.last and self.last.figures()}
 
 
-def _stored_best(run_dir: Path) -> float:
-    """The mean return of a resumed run's ``best.pt`` (-inf without one): what a new best must beat."""
+def _stored_best(run_dir: Path) -> dict[str, Any] | None:
+    """The figures of a resumed run's ``best.pt`` (``EvalResult.figures``; None without one): what a new best
+    must beat, and the run's best until one does."""
     from lockstep.learner import checkpoint
 
     path = run_dir / "checkpoints" / checkpoint.BEST_FILE
     if not path.is_file():
-        return -math.inf
-    return float(checkpoint.load(path).get("eval", {}).get("return_mean", -math.inf))
+        return None
+    figures = checkpoint.load(path)["eval"]
+    return {key: figures[key] for key in EvalResult.FIGURES}
 
 
 # -- the evaluation process ------------------------------------------------------------------------------

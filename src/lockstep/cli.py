@@ -139,6 +139,10 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     print(f"done: {summary['env_steps']:,} env steps in {summary['wall_s']:.1f} s "
           f"({summary['sps']:,.0f} steps/s), mean return (last 100) "
           f"{'n/a' if ret is None else f'{ret:.1f}'}" + (f"; first reached {reached}" if reached else ""))
+    best = (summary.get("evaluation") or {}).get("best")
+    if best:
+        print(f"best evaluation: return {best['return_mean']:.1f} ± {best['return_std']:.1f} at iteration "
+              f"{best['iteration']} ({best['env_steps']:,} env steps), {run_dir / 'checkpoints' / 'best.pt'}")
     print(f"run directory: {run_dir}")
 
 
@@ -260,7 +264,8 @@ HELP = {
              "learner, no gRPC) and plays --episodes episodes (atari: ids whole games, raw scores). Prints each\n"
              "return and length and the mean ± std, and writes RUN_DIR/eval.json.",
              "lockstep eval runs/NAME --episodes 20 --deterministic\n"
-             "lockstep eval runs/NAME --episodes 3 --video videos/   # videos/episode-000.mp4, ..."),
+             "lockstep eval runs/NAME --episodes 3 --video videos/   # videos/episode-000.mp4, ...\n"
+             "lockstep eval runs/NAME --checkpoint best   # a run with --eval-every: its best evaluated version"),
     "plot": ("learning curves: the mean and min-max of runs that share a config",
              "Reads each RUN_DIR's metrics.csv, groups the runs whose config.yaml differs only in its run\n"
              "section, and draws each group against env steps and/or wall time (pip install -e '.[plot]').",
@@ -323,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "eval")
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (its config.yaml and checkpoints/)")
     p.add_argument("--checkpoint", metavar="FILE",
-                   help="checkpoint to load (default: RUN_DIR/checkpoints/final.pt, else the newest iter_N.pt)")
+                   help="checkpoint to load: best (checkpoints/best.pt, the best evaluation while training), a "
+                        "file (default: RUN_DIR/checkpoints/final.pt, else the newest iter_N.pt)")
     p.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     p.add_argument("--deterministic", action="store_true",
                    help="take the most likely action (argmax, or the Gaussian's mean) instead of sampling")

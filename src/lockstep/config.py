@@ -225,6 +225,16 @@ class RunConfig:
     stop_at_return: float | None = setting(None, "stop early once the running mean return reaches this",
                                            flag="--stop-at-return")
     time_limit_s: float | None = setting(None, "stop after this many seconds of training, whatever the step count")
+    eval_every: int = setting(0, "evaluate while training every N iterations (0: never): run.eval_episodes episodes "
+                                 "of the newest policy version on an env of its own, in a process of its own, which "
+                                 "training never waits for (an evaluation due while one runs is skipped)",
+                              flag="--eval-every", ge=0)
+    eval_episodes: int = setting(10, "episodes each evaluation while training plays", ge=1)
+    eval_deterministic: bool = setting(True, "evaluation while training takes the most likely action (false: samples "
+                                             "as the actors' policy does)")
+    eval_video_every: int = setting(0, "with run.eval_every: record every M-th evaluation's episodes as "
+                                       "RUN_DIR/videos/iter_NNNNNN/episode-NNN.mp4 where the env renders (0: never; "
+                                       "pip install -e '.[video]')", ge=0)
     audit: bool = setting(False, "write every training batch and policy version to RUN_DIR/audit/ (see "
                                  "`lockstep audit`)", flag="--audit")
     wandb: bool = setting(False, "also log to Weights & Biases (pip install -e '.[wandb]'; offline into "
@@ -282,6 +292,8 @@ class Config:
             (self.model.lstm_size == 0 or self.sync.strategy in ("strict", "pipelined"),
              f"model.lstm_size > 0 needs sync.strategy strict or pipelined (snapshots keep the recurrent state "
              f"per slot); {self.sync.strategy!r} updates the model in place"),
+            (not self.run.eval_video_every or self.run.eval_every > 0,
+             "run.eval_video_every records evaluations while training: it needs run.eval_every > 0"),
             (not self.model.critic_lstm or self.model.lstm_size > 0,
              "model.critic_lstm gives the critic its own LSTM: it needs model.lstm_size > 0"),
         ]

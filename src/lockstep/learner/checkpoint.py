@@ -11,7 +11,9 @@ without one, and the caller moves what it needs to its own device.
 
 Which checkpoint (``find``): ``newest``, the highest iteration, periodic or final, is what
 a resumed run continues from; ``final``, ``final.pt`` or else the newest periodic one, is
-what ``lockstep eval`` plays; any other name is that file.
+what ``lockstep eval`` plays; ``best``, ``best.pt``, is the policy that scored the highest mean return
+in evaluation while training (``learner/evaluation.py``: a policy and its observation statistics, no
+optimizer, so no run resumes from it); any other name is that file.
 
 The ``Checkpointer`` owns the policy: a periodic checkpoint every N iterations
 and/or every M minutes, the newest K kept, and a final one at the end of a run.
@@ -31,7 +33,8 @@ from lockstep.common.files import atomic_write
 from lockstep.config import ConfigError
 
 _ARRAY = "__ndarray__"  # marks a numpy array stored as a tensor, so it loads back as an array
-NEWEST, FINAL = "newest", "final"  # the choices of ``find`` besides a file name
+NEWEST, FINAL, BEST = "newest", "final", "best"  # the choices of ``find`` besides a file name
+BEST_FILE = "best.pt"
 HINT = ("a run writes checkpoints/final.pt when it ends (and checkpoints/iter_N.pt with "
         "--checkpoint-every N)")
 
@@ -98,8 +101,8 @@ def prune(directory: Path, keep: int) -> None:
 
 
 def find(directory: Path, which: str = NEWEST) -> Path:
-    """The checkpoint ``which`` names in ``directory`` (module docstring): ``newest``, ``final``, or a file
-    (a path, or a name in ``directory``). A ``FileNotFoundError`` that says what is missing."""
+    """The checkpoint ``which`` names in ``directory`` (module docstring): ``newest``, ``final``, ``best``, or a
+    file (a path, or a name in ``directory``). A ``FileNotFoundError`` that says what is missing."""
     if which == NEWEST:
         found = [(load(path)["trainer"]["iteration"], path)
                  for path in [*periodic(directory), directory / "final.pt"] if path.is_file()]
@@ -111,6 +114,11 @@ def find(directory: Path, which: str = NEWEST) -> Path:
         found = periodic(directory)
         if found:
             return found[-1]
+    elif which == BEST:
+        if (directory / BEST_FILE).is_file():
+            return directory / BEST_FILE
+        raise FileNotFoundError(f"no {BEST_FILE} in {directory}: a run writes it when it evaluates while it "
+                                f"trains (run.eval_every > 0, --eval-every N) and an evaluation has finished")
     else:
         for path in (Path(which), directory / which):
             if path.is_file():

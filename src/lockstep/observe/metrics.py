@@ -24,8 +24,11 @@ COLUMNS = [
     "inference_batch_mean", "collect_s", "train_s", "dropped_transitions", "actors", "lr",
     "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
     "wasted_forward_passes", "rejected_rpcs", "torn_reads", "stalls", "torn_reads_used", "skipped_updates",
-    "evicted_actors",
+    "evicted_actors", "skipped_evaluations", "eval_return_mean", "eval_return_std", "eval_iteration", "eval_env_steps",
 ]
+# An evaluation while training's columns: empty except in the row written after it finished; its values
+# belong to the version of eval_iteration (eval_env_steps), TensorBoard's event for them is at that step.
+EVAL_COLUMNS = ("eval_return_mean", "eval_return_std", "eval_iteration", "eval_env_steps")
 
 
 Key = tuple[int, ...]  # where an episode stands in the order of episodes: (step counter, actor id, index)
@@ -196,10 +199,15 @@ class MetricsWriter:
         if self._tb is not None:
             # One event per row with every scalar in it (TensorBoard reads each value as its own tag's
             # point): a tenth of the cost of an event per scalar, and the row is on the training path.
-            values = [self._summary.Value(tag=f"lockstep/{key}", simple_value=float(value)) for key in COLUMNS[3:]
-                      if isinstance(value := row.get(key), (int, float)) and not math.isnan(value)]
-            self._tb.add_event(self._event(wall_time=time.time(), step=int(row["env_steps"]),
-                                           summary=self._summary(value=values)))
+            self._scalars(row, [key for key in COLUMNS[3:] if key not in EVAL_COLUMNS], int(row["env_steps"]))
+            if row.get("eval_env_steps") is not None:
+                self._scalars(row, EVAL_COLUMNS[:2], int(row["eval_env_steps"]))
+
+    def _scalars(self, row: dict[str, Any], keys, step: int) -> None:
+        """One TensorBoard event at ``step`` with the row's numbers of ``keys``."""
+        values = [self._summary.Value(tag=f"lockstep/{key}", simple_value=float(value)) for key in keys
+                  if isinstance(value := row.get(key), (int, float)) and not math.isnan(value)]
+        self._tb.add_event(self._event(wall_time=time.time(), step=step, summary=self._summary(value=values)))
 
     def sync(self) -> None:
         """Make every row written so far durable (fsync): before a checkpoint that claims them."""

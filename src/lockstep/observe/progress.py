@@ -27,6 +27,8 @@ class Status:
     actors: int = 0
     started: bool = False
     finished: bool = False
+    eval_return_mean: float = math.nan  # the newest evaluation while training (run.eval_every) ...
+    eval_iteration: int = 0  # ... of the version trained at this iteration
 
 
 class Progress:
@@ -62,8 +64,10 @@ class Progress:
 
     def _line(self, s: Status) -> str:
         ret = "n/a" if math.isnan(s.episode_return_mean) else f"{s.episode_return_mean:.1f}"
+        evaluated = ("" if math.isnan(s.eval_return_mean)
+                     else f" | eval {s.eval_return_mean:.1f} (iter {s.eval_iteration})")
         return (f"iter {s.iteration} | version {s.policy_version} | steps {s.env_steps:,}/{self.total:,} "
-                f"| {s.sps:,.0f} steps/s | return(20) {ret} | episodes {s.episodes} | actors {s.actors}")
+                f"| {s.sps:,.0f} steps/s | return(20) {ret} | episodes {s.episodes} | actors {s.actors}{evaluated}")
 
     def _table(self, s: Status) -> Table:
         table = Table(title="lockstep", show_header=False, box=None)
@@ -76,6 +80,8 @@ class Progress:
         table.add_row("env steps", f"{s.env_steps:,} / {self.total:,}  {bar} {100 * frac:.0f}%")
         table.add_row("steps/s", f"{s.sps:,.0f}")
         table.add_row("mean return (last 20)", ret)
+        if not math.isnan(s.eval_return_mean):
+            table.add_row(f"eval return (iter {s.eval_iteration})", f"{s.eval_return_mean:.1f}")
         table.add_row("episodes", f"{s.episodes:,}")
         table.add_row("policy version", str(s.policy_version))
         table.add_row("actors", str(s.actors))

@@ -1,5 +1,8 @@
 """What a run reports: its counters, the metrics row of each iteration, the summary and the time split.
 
+An evaluation while training (``learner/evaluation.py``) that finished since the previous row adds its
+columns to the next one, and its figures to the progress status and the summary.
+
 Counters are run totals (``summary.json``); each ``metrics.csv`` row holds their
 increase over the iteration. Two step counts appear and are not the same:
 ``env_steps`` in the metrics and the summary counts transitions *trained on*;
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lockstep.learner.backends import InferenceStats
+from lockstep.learner.evaluation import EvalResult, Evaluator
 from lockstep.learner.trainer import Trainer, TrainStats
 from lockstep.observe.metrics import EpisodeTracker, MetricsWriter, write_summary
 from lockstep.observe.progress import Status
@@ -37,11 +41,12 @@ class Counters:
     collected_steps: int = 0  # transitions whose outcome came back: first_reached counts these
     skipped_updates: int = 0  # gradient steps not taken: their loss or gradient was not finite (ppo.optimize)
     evicted_actors: int = 0  # sessions ended by sync.step_deadline_s
+    skipped_evaluations: int = 0  # evaluations due while the previous one still ran (run.eval_every)
 
 
 # Counter columns of metrics.csv that hold an iteration's increase of a run total.
 INCREASES = ("dropped_transitions", "stalls", "wasted_forward_passes", "rejected_rpcs", "torn_reads",
-             "torn_reads_used", "skipped_updates", "evicted_actors")
+             "torn_reads_used", "skipped_updates", "evicted_actors", "skipped_evaluations")
 
 
 # Inference counters that a resumed run carries on from its checkpoint.
@@ -143,16 +148,22 @@ class Report:
         self._last: dict[str, float] = {}  # the totals at the previous row
         self.metrics: MetricsWriter | None = None
         self.tracker: WandbRun | None = None  # --wandb
+        self.evaluator: Evaluator | None = None  # run.eval_every
 
     def open(self, resume_after: int | None) -> None:
         self.metrics = MetricsWriter(self.run_dir, resume_after=resume_after)
         config = self.trainer.config
+        ranks = self.trainer.ranks
+        if config.run.eval_every and (ranks is None or ranks.rank == 0):  # the ranks' parameters are identical
+            self.evaluator = Evaluator(config, self.run_dir, resume=resume_after is not None)
         if config.run.wandb:
             project = os.environ.get("WANDB_PROJECT", config.run.wandb_project)
             self.tracker = WandbRun(self.run_dir, self.run_dir.name, project, dataclasses.asdict(config),
                                     resume=resume_after is not None)
 
     def close(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.close()
         if self.metrics is not None:
             self.metrics.close()
 
@@ -211,7 +222,10 @@ class Report:
         self.training_s += stats.train_s
 
     def row(self, stats: TrainStats, collect_s: float, actors: int) -> dict[str, Any]:
-        """Write iteration ``stats``'s row to metrics.csv (and TensorBoard); update the progress status."""
+        """Write iteration ``stats``'s row to metrics.csv (and TensorBoard); update the progress status.
+        With evaluation while training: the evaluation that finished goes into the row, and the version just
+        trained is handed over for evaluation when it is due (or the evaluation counted as skipped)."""
+        evaluated = self._evaluate()
         totals = {**self.totals(), "forward_passes": self.inference.forward_passes,
                   "rows_inferred": self.inference.rows_inferred}
         increase = {k: v - self._last.get(k, 0) for k, v in totals.items()}
@@ -240,6 +254,7 @@ class Report:
             "entropy": stats.update.entropy,
             "approx_kl": stats.update.approx_kl,
             "clip_fraction": stats.update.clip_fraction,
+            **_eval_columns(evaluated),
         }
         self.metrics.write(row)
         if self.tracker is not None:
@@ -247,9 +262,18 @@ class Report:
         self.status = Status(
             iteration=trainer.iteration, policy_version=trainer.version, env_steps=trainer.env_steps,
             sps=row["sps"], episode_return_mean=ep["episode_return_mean20"], episodes=ep["episodes"],
-            actors=actors, started=True,
+            actors=actors, started=True, **_eval_status(self.evaluator and self.evaluator.last),
         )
         return row
+
+    def _evaluate(self) -> EvalResult | None:
+        """The evaluation that finished since the last row; hand over the trainer's version if one is due."""
+        if self.evaluator is None:
+            return None
+        evaluated = self.evaluator.collect()
+        if self.evaluator.due(self.trainer.iteration) and not self.evaluator.submit(self.trainer):
+            self.counters.skipped_evaluations += 1
+        return evaluated
 
     def time_split(self, codec_s: float) -> dict[str, float]:
         """Where the learner's wall time went: a cheap in-process account, not a profile.
@@ -291,9 +315,23 @@ class Report:
             "publish_release_ms": run["releases"],  # ReleaseLatency.summary()
             **{k: run[k] for k in ("checkpoint", "resumed_from", "device", "error")},
             **({"ranks": run["ranks"]} if run.get("ranks") else {}),
+            **({"evaluation": self.evaluator.summary(self.counters.skipped_evaluations)} if self.evaluator else {}),
         }
         write_summary(self.run_dir / "summary.json", summary)
         if self.tracker is not None:
             self.tracker.finish(summary)
             self.tracker = None
         return summary
+
+
+def _eval_columns(result: EvalResult | None) -> dict[str, Any]:
+    """An evaluation's metrics.csv columns; none (empty cells) without one."""
+    if result is None:
+        return {}
+    return {"eval_return_mean": result.return_mean, "eval_return_std": result.return_std,
+            "eval_iteration": result.iteration, "eval_env_steps": result.env_steps}
+
+
+def _eval_status(result: EvalResult | None) -> dict[str, Any]:
+    """The newest evaluation, for the progress display."""
+    return {} if result is None else {"eval_return_mean": result.return_mean, "eval_iteration": result.iteration}

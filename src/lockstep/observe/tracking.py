@@ -1,7 +1,8 @@
 """Experiment tracking with Weights & Biases, beside metrics.csv and TensorBoard (``--wandb``).
 
 Optional and never required: ``pip install -e '.[wandb]'``. The run's config goes in at the start,
-every metrics row as it is written (its ``env_steps`` as the step), and summary.json at the end.
+every metrics row as it is written (its ``env_steps`` as the step; an evaluation's ``eval_return_*``
+against its own ``eval_env_steps``), and summary.json at the end.
 W&B's own settings apply: ``WANDB_MODE=offline`` keeps everything in RUN_DIR/wandb (``wandb sync``
 uploads it later), ``WANDB_PROJECT`` / ``WANDB_ENTITY`` choose where it goes; lockstep itself never
 contacts anything: what wandb does with the network is wandb's (and off in offline mode).
@@ -44,6 +45,9 @@ class WandbRun:
         # the W&B run id is the run's name, so a resumed run continues the same W&B run
         self.run = wandb.init(project=project, name=name, id=name.replace("/", "-"), dir=str(run_dir),
                               config=config, resume="allow" if resume else None, reinit="finish_previous")
+        # evaluation while training: its figures belong to the version of eval_env_steps, plotted against it
+        self.run.define_metric("eval_env_steps")
+        self.run.define_metric("eval_return_*", step_metric="eval_env_steps")
         log.info("logging to Weights & Biases: project %s, run %s (%s)", project, name,
                  os.environ.get("WANDB_MODE", "online"))
 

@@ -1,13 +1,15 @@
 """Evaluation: play a trained policy in one process, with no learner and no gRPC (``lockstep eval RUN_DIR``).
 
-What is loaded: ``RUN_DIR/config.yaml`` for the env id and the network, and a checkpoint (``--checkpoint``,
+What is loaded: ``RUN_DIR/config.yaml`` for the env id and the network, and a checkpoint (``--checkpoint``:
+a file, or ``best`` for ``checkpoints/best.pt``, the version that scored best in evaluation while training;
 else ``checkpoints/final.pt``, else the newest periodic ``checkpoints/iter_N.pt``: ``checkpoint.find``'s
 ``final``), read to the CPU with ``weights_only=True`` like every checkpoint (``checkpoint.load``). Its
 trainer state holds the network (``model``) and the observation statistics (``obs_rms``) the snapshots
 normalized with; the policy here is the one the learner served at that version.
 
-How it plays: one env, ``envs.make_env(env_id, training=False)`` (for ``atari:`` ids one episode per game
-and raw scores), episodes one after another. Actions are sampled as the learner samples them
+How it plays (``play``, also the episode loop of evaluation while training): one env,
+``envs.make_env(env_id, training=False)`` (for ``atari:`` ids one episode per game and raw scores),
+episodes one after another. Actions are sampled as the learner samples them
 (``inference.act``) from counter-based noise of ``--seed``; with
 ``--deterministic`` they are the mode (argmax for Discrete, the Gaussian's mean for Box). The env is
 reset with ``--seed`` once, so the same seed plays the same episodes. The policy's state (recurrent
@@ -125,33 +127,47 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
         raise EvalError(f"--episodes must be at least 1, got {episodes}")
     torch_device = resolve_device(device)
     env_id = load_config(run_dir).env.id
-    env = _make(env_id, video_dir is not None)
+    env = make(env_id, video_dir is not None)
     try:
         obs_spec = SpaceSpec.from_space(env.observation_space)
         act_spec = SpaceSpec.from_space(env.action_space)
         _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, obs_spec, act_spec,
                                                                     torch_device)
-        player = _Player(model, normalize, act_spec, deterministic, seed, torch_device)
-        writer = _VideoWriter(video_dir, _fps(env_id, env)) if video_dir is not None else None
         report = Report(str(run_dir), str(path), iteration, env_id, deterministic, seed)
-        obs, _ = env.reset(seed=seed)
-        for i in range(episodes):
-            if i:
-                obs, _ = env.reset()
-            episode = _play(env, player, obs, writer, i)
-            report.episodes.append(episode)
-            if on_episode is not None:
-                on_episode(i, episode)
+        report.episodes = play(env, env_id, model, normalize, episodes, deterministic, seed, torch_device,
+                               video_dir, on_episode)
         return report
     finally:
         env.close()
+
+
+def play(env, env_id: str, model: Policy, normalize: ObsNormalizer, episodes: int, deterministic: bool, seed: int,
+         device: torch.device, video_dir: Path | None = None, on_episode=None) -> list[Episode]:
+    """The one episode loop (``lockstep eval`` and evaluation while training): ``episodes`` episodes of ``model``
+    on ``env`` (made by ``make(env_id, video_dir is not None)``), reset with ``seed`` once (module docstring).
+    ``on_episode(i, episode)`` is called as each ends."""
+    act_spec = SpaceSpec.from_space(env.action_space)
+    player = _Player(model, normalize, act_spec, deterministic, seed, device)
+    writer = _VideoWriter(video_dir, _fps(env_id, env)) if video_dir is not None else None
+    played = []
+    obs, _ = env.reset(seed=seed)
+    for i in range(episodes):
+        if i:
+            obs, _ = env.reset()
+        episode = _play(env, player, obs, writer, i)
+        played.append(episode)
+        if on_episode is not None:
+            on_episode(i, episode)
+    return played
 
 
 def write_report(report: Report, out: Path) -> Path:
     return atomic_write(out, json.dumps(report.to_dict(), indent=2) + "\n")
 
 
-def _make(env_id: str, render: bool):
+def make(env_id: str, render: bool):
+    """One env of ``env_id`` as evaluation plays it (``training=False``), rendering ``rgb_array`` frames when
+    ``render``; an ``EvalError`` that says why it cannot be made."""
     try:
         return _make_env(env_id, render)
     except (ValueError, gym.error.Error) as err:  # an env package this machine lacks, ...

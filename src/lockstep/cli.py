@@ -177,7 +177,8 @@ def actor_options(args: argparse.Namespace) -> ActorOptions:
     for dotted in ACTOR_SETTINGS:
         if getattr(args, dotted) is not None:
             config_lib.set_value(config, dotted, getattr(args, dotted))
-    return ActorOptions(learner=args.learner, env=config.env.id, envs_per_actor=config.actors.envs_per_actor,
+    return ActorOptions(learner=args.learner, env=config.env.id, obs_keys=tuple(config.env.obs_keys),
+                        envs_per_actor=config.actors.envs_per_actor,
                         actor_id=args.actor_id, connect_timeout=args.connect_timeout, retry_for_s=args.retry_for,
                         token=security.token_from(args.token), tls_ca=args.tls_ca,
                         tls_server_name=args.tls_server_name)
@@ -195,7 +196,8 @@ def cmd_actor(args: argparse.Namespace) -> int:
 
 
 # the config fields `lockstep actor` takes, with its flags for them (--num-envs: the name it had before)
-ACTOR_SETTINGS = {"env.id": ("--env",), "actors.envs_per_actor": ("--envs-per-actor", "--num-envs")}
+ACTOR_SETTINGS = {"env.id": ("--env",), "env.obs_keys": ("--obs-keys",),
+                  "actors.envs_per_actor": ("--envs-per-actor", "--num-envs")}
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

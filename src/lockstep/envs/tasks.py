@@ -46,3 +46,45 @@ class Recall(gym.Env):
             self._t += 1
             return self._obs(), 0.0, False, False, {}
         return self._obs(), 1.0 if int(action) == self._cue else -1.0, True, False, {}
+
+
+class Glimpse(gym.Env):
+    """A Dict observation (an image leaf, a vector leaf and a Discrete leaf): say which side of the image is lit.
+
+    Observation Dict(image: Box(0, 255, (1, 5, 5), uint8), one pixel lit at 255 in the two left or the two
+    right columns; clock: Box(0, 1, (2,), float32), the step's fraction of the episode and a constant 1;
+    step: Discrete(length)). Action Discrete(2): 0 says left, 1 right; reward 1 when it is right, 0 otherwise;
+    ``length`` steps an episode. Chance is a mean return of ``length / 2``, solving it ``length``. The
+    suite's check that every leaf of a structured observation reaches the policy.
+    """
+
+    def __init__(self, length: int = 8) -> None:
+        self.length = length
+        self.observation_space = gym.spaces.Dict({
+            "image": gym.spaces.Box(0, 255, (1, 5, 5), np.uint8),
+            "clock": gym.spaces.Box(0.0, 1.0, (2,), np.float32),
+            "step": gym.spaces.Discrete(length),
+        })
+        self.action_space = gym.spaces.Discrete(2)
+        self._side = 0
+        self._t = 0
+
+    def _obs(self) -> dict:
+        self._side = int(self.np_random.integers(2))
+        image = np.zeros((1, 5, 5), np.uint8)
+        column = int(self.np_random.integers(2)) + (3 if self._side else 0)
+        image[0, int(self.np_random.integers(5)), column] = 255
+        return {"image": image, "clock": np.array([self._t / self.length, 1.0], np.float32), "step": self._t}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple[dict, float, bool, bool, dict]:
+        reward = 1.0 if int(action) == self._side else 0.0
+        self._t += 1
+        done = self._t == self.length
+        if done:
+            self._t = 0
+        return self._obs(), reward, done, False, {}

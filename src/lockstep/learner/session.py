@@ -202,7 +202,7 @@ class Session:
         self.state = np.zeros((self.num_envs, sessions.backend.state_size), np.float32)
         self.replaced_by: str | None = None  # the connection that replaced this one: "run ID from PEER"
         spec = sessions.spec
-        self._shapes = (spec.observation.shape, np.dtype(spec.observation.dtype),
+        self._shapes = (spec.observation.shape, spec.observation.array_dtype,
                         spec.action.element_shape, spec.action.action_dtype)
         self._held: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -15,7 +15,13 @@ import numpy as np
 import torch
 
 from lockstep.algo import ppo
-from lockstep.algo.normalize import ObsNormalizer, RunningMeanStd
+from lockstep.algo.normalize import (
+    LeafStatistics,
+    ObsNormalizer,
+    RunningMeanStd,
+    as_tensors,
+    observation_statistics,
+)
 from lockstep.config import Config
 from lockstep.envs import EnvSpec
 from lockstep.learner.distributed import Ranks
@@ -140,7 +146,8 @@ class Trainer:
         if ranks is not None:
             ranks.broadcast(self.model)
         self.optimizer = adam(list(self.model.parameters()), config.ppo.lr, config.ppo.adam_eps)
-        self.obs_rms = RunningMeanStd(spec.observation.shape) if config.env.normalize_obs else None
+        self.spec = spec
+        self.obs_rms = observation_statistics(spec.observation) if config.env.normalize_obs else None
         self.reward_scaler = (RewardScaler(config.ppo.gamma, config.env.clip_reward, self._update_rms)
                               if config.env.normalize_reward else None)
         self.generator = torch.Generator().manual_seed(config.run.seed)
@@ -185,7 +192,7 @@ class Trainer:
             return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=dev)
 
         normalize = self.normalizer()
-        obs = normalize(as_t(batch.obs))  # [T, N, *obs], with the statistics the batch was collected with
+        obs = normalize(as_tensors(batch.obs, dev))  # [T, N, *obs], with the statistics the batch was collected with
         values = as_t(batch.values)  # [T, N]
         rewards = as_t(self.reward_scaler.scale(batch) if self.reward_scaler else batch.rewards)
         model = self.model
@@ -196,7 +203,7 @@ class Trainer:
             # step (a cut at each slot's length) and each step before an episode start (truncations)
             after = model.states(obs, starts, initial_state, cuts=set(batch.lengths.tolist()))
             next_values, continues = bootstrap(
-                batch, values, lambda o, t, n: model.value_after(normalize(as_t(o)), after[t, n]))
+                batch, values, lambda o, t, n: model.value_after(normalize(as_tensors(o, dev)), after[t, n]))
             advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
         lr = self._apply_learning_rate()
         actions = as_t(batch.actions, torch.long if model.discrete else torch.float32)  # [T, N, *act]
@@ -206,7 +213,7 @@ class Trainer:
         stats = ppo.update(model, self.optimizer, obs, actions, starts, initial_state, keep, logprobs, advantages,
                            returns, values, **self._settings())
         if self.obs_rms is not None:
-            self._update_rms(self.obs_rms, batch.obs[valid])
+            self._update_obs_rms(batch.obs[valid])
         return self._advance(batch, lag, start, lr, stats)
 
     def train_empty(self) -> TrainStats:
@@ -219,7 +226,7 @@ class Trainer:
         self.model.train()
         stats = ppo.optimize(self.model, self.optimizer, lambda idx: (), 0, device=self.device, **self._settings())
         if self.obs_rms is not None:
-            self._update_rms(self.obs_rms, np.zeros((0, *self.obs_rms.mean.shape)))
+            self._update_obs_rms(np.zeros(0, self.spec.observation.array_dtype))
         return self._advance(None, np.zeros(0, np.int64), start, lr, stats)
 
     def _settings(self) -> dict:
@@ -231,6 +238,14 @@ class Trainer:
         if ranks is not None:
             settings.update(reduce_gradients=lambda n: ranks.reduce_gradients(self.model, n), agree=ranks.mean)
         return settings
+
+    def _update_obs_rms(self, obs: np.ndarray) -> None:
+        """Fold observations [B, *obs] into the observation statistics: of each normalized leaf of a tree."""
+        if isinstance(self.obs_rms, LeafStatistics):
+            for path, rms in self.obs_rms.leaves.items():
+                self._update_rms(rms, obs[path])
+        else:
+            self._update_rms(self.obs_rms, obs)
 
     def _update_rms(self, rms: RunningMeanStd, x: np.ndarray) -> None:
         """Fold ``x`` into ``rms``; with several learners, every learner's rows, in rank order."""

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lockstep.common.tree import first_leaf, leaf_map
 from lockstep.envs import SpaceSpec
 
 LOG_2PI = math.log(2 * math.pi)
@@ -76,14 +77,14 @@ class Policy(nn.Module):
                           ) -> tuple[torch.Tensor, torch.Tensor]:
         """obs [T, N, *obs], starts [T, N] (the state resets there), state [N, S] -> head output
         [T * N, action_dim] and value [T * N], rows in (t, n) order."""
-        head, value = self.features(obs.reshape(-1, *obs.shape[2:]))  # the steps are independent
+        head, value = self.features(leaf_map(lambda x: x.reshape(-1, *x.shape[2:]), obs))  # the steps are independent
         return head, value
 
     def states(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor,
                cuts: Iterable[int] = ()) -> torch.Tensor:
         """[T, N, S] the state after each step where one is bootstrapped from (``RecurrentPolicy.core``)."""
         T, N = starts.shape
-        return torch.zeros((T, N, self.state_size), device=obs.device)  # nothing to carry: no forward pass
+        return torch.zeros((T, N, self.state_size), device=first_leaf(obs).device)  # nothing to carry: no forward pass
 
     # -- the API every caller uses -------------------------------------------------------------
 

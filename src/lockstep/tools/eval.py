@@ -38,10 +38,10 @@ import torch
 
 from lockstep import config as config_lib
 from lockstep.algo import noise
-from lockstep.algo.normalize import ObsNormalizer
+from lockstep.algo.normalize import ObsNormalizer, as_tensors, stored_moments
 from lockstep.common.device import resolve_device
 from lockstep.common.files import atomic_write
-from lockstep.envs import SpaceSpec, make_env
+from lockstep.envs import SpaceSpec, action_spec, make_env, stack_records
 from lockstep.learner import checkpoint as checkpoint_lib
 from lockstep.learner.inference import act
 from lockstep.models import Policy
@@ -99,11 +99,9 @@ def load_from_checkpoint(run_dir: Path, checkpoint: str | None, observation: Spa
     except FileNotFoundError as err:
         raise EvalError(f"{err}; pass --checkpoint FILE to use another" if checkpoint is None else str(err)) from err
     trainer = checkpoint_lib.load(path)["trainer"]
-    rms = trainer.get("obs_rms")
+    mean, var = stored_moments(trainer.get("obs_rms"))
     try:
-        model, normalize = load_policy(config, observation, action, trainer["model"],
-                                       None if rms is None else rms["mean"], None if rms is None else rms["var"],
-                                       device, str(path))
+        model, normalize = load_policy(config, observation, action, trainer["model"], mean, var, device, str(path))
     except PolicyMismatch as err:
         raise EvalError(str(err)) from err
     return config, model, normalize, path, int(trainer["iteration"])
@@ -124,14 +122,15 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
     if episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {episodes}")
     torch_device = resolve_device(device)
-    env_id = load_config(run_dir).env.id
+    env_config = load_config(run_dir).env
+    env_id = env_config.id
     env = _make(env_id, video_dir is not None)
     try:
-        obs_spec = SpaceSpec.from_space(env.observation_space)
-        act_spec = SpaceSpec.from_space(env.action_space)
+        obs_spec = SpaceSpec.from_space(env.observation_space, env_config.obs_keys)
+        act_spec = action_spec(env.action_space)
         _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, obs_spec, act_spec,
                                                                     torch_device)
-        player = _Player(model, normalize, act_spec, deterministic, seed, torch_device)
+        player = _Player(model, normalize, act_spec, deterministic, seed, torch_device, obs_spec)
         writer = _VideoWriter(video_dir, _fps(env_id, env)) if video_dir is not None else None
         report = Report(str(run_dir), str(path), iteration, env_id, deterministic, seed)
         obs, _ = env.reset(seed=seed)
@@ -184,8 +183,9 @@ class _Player:
     """Chooses actions for one env: sampled with the learner's noise, or the mode."""
 
     def __init__(self, model: Policy, normalize: ObsNormalizer, action: SpaceSpec, deterministic: bool,
-                 seed: int, device: torch.device) -> None:
+                 seed: int, device: torch.device, observation: SpaceSpec) -> None:
         self.model, self.normalize, self.device, self.deterministic = model, normalize, device, deterministic
+        self.observation = observation  # a Dict or Tuple observation is turned into records, as the actor does
         self.discrete = action.discrete
         self.low = self.high = None
         if not self.discrete:
@@ -198,7 +198,7 @@ class _Player:
         self.state = self.model.initial_state(1)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray | int:
-        batch = np.asarray(obs)[None]  # [1, *obs]
+        batch = stack_records([obs], self.observation)  # [1, *obs]; records for a Dict or Tuple observation
         if self.deterministic:
             action, self.state = self._mode(batch)
         else:
@@ -212,7 +212,7 @@ class _Player:
     def _mode(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The most likely action: obs [1, *obs] -> action [1, *act], next state [1, S]."""
         with torch.inference_mode():
-            x = self.normalize(torch.as_tensor(batch, device=self.device))
+            x = self.normalize(as_tensors(batch, self.device))
             action, after = self.model.mode(x, torch.as_tensor(self.state, device=self.device))
             return action.cpu().numpy(), after.cpu().numpy()
 

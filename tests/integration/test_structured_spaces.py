@@ -1,0 +1,66 @@
+"""A Dict observation end to end: real actor processes over shared memory and over gRPC, a real learner,
+``lockstep audit`` on the trail; and a learner that refuses a hello whose Dict differs, naming the leaf."""
+
+from __future__ import annotations
+
+import grpc
+import gymnasium as gym
+import numpy as np
+import pytest
+from protocol import hello
+
+from lockstep import config as config_lib
+from lockstep.envs import SpaceSpec, env_spec
+from lockstep.launch.local import train
+from lockstep.observe.run_dir import RunDir
+from lockstep.tools import audit
+from lockstep.transport.grpc.client import Connection, LearnerRefused
+from lockstep.transport.shm.client import LocalConnection
+
+GLIMPSE = "lockstep.envs.tasks:Glimpse"  # image (uint8), clock (float32 vector) and step (Discrete) leaves
+
+
+@pytest.mark.parametrize("transport", ["shm", "grpc"])
+def test_a_dict_observation_trains_end_to_end_and_passes_the_audit(tmp_path, transport):
+    config = config_lib.Config()
+    for key, value in {"env.id": GLIMPSE, "env.normalize_obs": True, "actors.count": 2, "actors.envs_per_actor": 2,
+                       "actors.transport": transport, "ppo.steps_per_env": 32, "ppo.total_steps": 1024,
+                       "model.hidden": [16], "learner.device": "cpu", "run.progress": False,
+                       "run.audit": True}.items():
+        config_lib.set_value(config, key, value)
+    run_dir = tmp_path / "run"
+    config.run.run_dir = str(run_dir)
+    train(config, run_dir)
+    rows = RunDir(run_dir).metrics()
+    assert [int(r["env_steps"]) for r in rows] == [128 * i for i in range(1, 9)]
+    report = audit.check(run_dir)
+    assert report.exit_code == 0 and report.differing == 0 and report.samples == 1024
+    # each leaf of the trail is its own array, in its own dtype
+    with np.load(run_dir / "audit" / "batch_000001.npz") as batch:
+        assert {name: batch[name].dtype.name for name in batch.files if name.startswith("obs")} == {
+            "obs/clock": "float32", "obs/image": "uint8", "obs/step": "int64"}
+
+
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_a_hello_whose_dict_differs_is_refused_naming_the_leaf(running_learner, transport):
+    learner = running_learner({"env.id": GLIMPSE}, transport=transport)
+    ours = env_spec(GLIMPSE).observation
+    wider = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (1, 5, 5), np.uint8),
+                             "clock": gym.spaces.Box(0.0, 1.0, (3,), np.float32), "step": gym.spaces.Discrete(8)})
+    without_step = SpaceSpec.from_space(wider, ["image", "clock"])
+    for theirs, named in ((SpaceSpec.from_space(wider), "leaf 'clock': Box(shape=(3,)"),
+                          (without_step, "has no leaf 'step'")):
+        assert ours.mismatch(theirs)
+        message = hello(env_id=GLIMPSE, observation=theirs)
+        if transport == "grpc":
+            with pytest.raises(grpc.RpcError) as err:
+                Connection(learner.address, message, connect_timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            details = err.value.details()
+        else:
+            with pytest.raises(LearnerRefused) as refused:
+                LocalConnection(learner.address, message, connect_timeout=10)
+            details = refused.value.message
+        assert "observation space" in details and named in details, details
+    connect = Connection if transport == "grpc" else LocalConnection  # the learner serves on: the same Dict joins
+    connect(learner.address, hello(env_id=GLIMPSE), connect_timeout=10).close()

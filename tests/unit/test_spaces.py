@@ -10,7 +10,8 @@ import torch
 from lockstep.algo.normalize import LeafStatistics, ObsNormalizer, as_tensors
 from lockstep.config import ModelConfig
 from lockstep.envs import SpaceSpec, env_spec, make_vector_env, stack_records, to_records
-from lockstep.models import build_policy
+from lockstep.learner.inference import act
+from lockstep.models import Policy, build_policy
 from lockstep.models.encoders import LeafEncoders, OneHot
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError
@@ -202,3 +203,30 @@ def test_normalization_keeps_statistics_of_each_box_leaf_but_images():
     out = normalize(as_tensors(records, torch.device("cpu")))
     assert out["image"].dtype == torch.uint8 and out["goal.kind"].dtype == torch.int64
     assert abs(float(out["goal.position"].mean())) < 0.1 and abs(float(out["goal.position"].std()) - 1) < 0.1
+
+
+class _SeesLeaves(Policy):
+    """A custom policy on a Dict observation: ``features`` gets one tensor per leaf, keyed by path."""
+
+    def __init__(self, observation: SpaceSpec, action: SpaceSpec) -> None:
+        super().__init__(action)
+        self.encoders = LeafEncoders(observation)
+        self.head = torch.nn.Linear(self.encoders.width, self.action_dim + 1)
+        self.seen: list[dict] = []
+
+    def features(self, obs):
+        self.seen.append({path: (x.dtype, tuple(x.shape)) for path, x in obs.items()})
+        out = self.head(self.encoders(obs))
+        return out[:, :-1], out[:, -1]
+
+
+def test_a_custom_policy_gets_a_dict_of_tensors_one_per_leaf():
+    spec = env_spec(GLIMPSE)
+    policy = _SeesLeaves(spec.observation, spec.action)
+    _, records, _ = _glimpse_step(3)
+    normalize = ObsNormalizer(None, None, 10.0, torch.device("cpu"))
+    actions, _, _, _ = act(policy, normalize, records, np.full((3, policy.noise_width), 0.5), policy.initial_state(3),
+                           torch.device("cpu"))
+    assert actions.shape == (3,)
+    assert policy.seen == [{"clock": (torch.float32, (3, 2)), "image": (torch.uint8, (3, 1, 5, 5)),
+                            "step": (torch.int64, (3,))}]

@@ -51,10 +51,7 @@ class EnvLoop:
         # (with env.obs_keys applied) is the hello's, or else the vector env's whole space
         self.obs_spec = obs_spec or envs_lib.SpaceSpec.from_space(vec.single_observation_space)
         k = vec.num_envs
-        self.dtype, self.shape = act_spec.action_dtype, act_spec.element_shape
-        self.low = self.high = None
-        if act_spec.kind == "box":
-            self.low, self.high = act_spec.low.astype(np.float32), act_spec.high.astype(np.float32)
+        self.act_spec = act_spec
         self.obs: np.ndarray | None = None
         self.reward = np.zeros(k, np.float32)
         self.terminated = np.zeros(k, bool)
@@ -86,9 +83,8 @@ class EnvLoop:
                         self.ep_return, self.ep_length)
 
     def step(self, actions: np.ndarray) -> None:
-        if self.low is not None:
-            actions = np.clip(actions, self.low, self.high)  # the learner keeps the unclipped action
-        obs, reward, self.terminated, self.truncated, info = self.vec.step(actions)
+        # Box parts clipped (the learner keeps the unclipped action), flat vectors cut into the env's parts
+        obs, reward, self.terminated, self.truncated, info = self.vec.step(envs_lib.env_actions(actions, self.act_spec))
         self.obs = obs = envs_lib.to_records(obs, self.obs_spec)
         self.reward = reward.astype(np.float32, copy=False)
         # Same-step autoreset: `obs` already holds reset observations where an episode ended;

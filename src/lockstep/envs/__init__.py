@@ -51,7 +51,9 @@ from lockstep.envs.minatar import make_minatar
 
 # re-exported: the spaces' descriptions are part of what an env is to the rest of lockstep
 from lockstep.envs.spaces import SpaceSpec as SpaceSpec
+from lockstep.envs.spaces import action_entries as action_entries
 from lockstep.envs.spaces import action_spec as action_spec
+from lockstep.envs.spaces import env_actions as env_actions
 from lockstep.envs.spaces import from_leaves as from_leaves
 from lockstep.envs.spaces import stack_records as stack_records
 from lockstep.envs.spaces import to_records as to_records

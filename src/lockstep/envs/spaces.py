@@ -103,13 +103,19 @@ class SpaceSpec:
 
     @property
     def action_dtype(self) -> np.dtype:
-        """The dtype actions from this space travel and are stored in: int64 for Discrete, float32 for Box."""
-        return np.dtype(np.int64) if self.discrete else np.dtype(np.float32)
+        """The dtype actions from this space travel and are stored in: int64 for Discrete, MultiDiscrete,
+        MultiBinary and trees of them, float32 for a Box and for a tree with a Box leaf."""
+        if self.kind == "box" or any(leaf.kind == "box" for _, leaf in self.leaves):
+            return np.dtype(np.float32)
+        return np.dtype(np.int64)
 
     @property
     def element_shape(self) -> tuple[int, ...]:
-        """The shape of one value: () for Discrete, the Box's shape otherwise."""
-        return () if self.discrete else tuple(self.shape)
+        """The shape of one action as it travels and is stored: () for Discrete, the Box's shape, and for
+        the other spaces a flat vector of every entry (``action_entries``)."""
+        if self.kind in ("discrete", "box"):
+            return () if self.discrete else tuple(self.shape)
+        return (sum(size for *_, size in action_entries(self)),)
 
     def describe(self) -> str:
         if self.kind == "discrete":
@@ -229,8 +235,49 @@ def from_leaves(leaves: list[np.ndarray], spec: SpaceSpec) -> np.ndarray:
 
 
 def action_spec(space: gym.Space) -> SpaceSpec:
-    """The spec of an action space: a Discrete or a Box (what the policy's heads act in)."""
-    spec = SpaceSpec.from_space(space)
-    if spec.kind not in ("discrete", "box"):
-        raise ValueError(f"unsupported action space {space}: lockstep acts in Discrete and Box spaces")
+    """The spec of an action space: a Discrete, Box, MultiDiscrete or MultiBinary, or a Dict or Tuple of
+    them (not nested: what the policy's heads act in)."""
+    try:
+        spec = SpaceSpec.from_space(space)
+    except ValueError as err:
+        raise ValueError(f"unsupported action space {space}: {err}") from None
+    if any("." in path or path.count("[") > 1 for path in spec.paths()):
+        raise ValueError(f"unsupported action space {space}: a Dict or Tuple of actions must not nest; "
+                         f"its leaves are {list(spec.paths())}")
     return spec
+
+
+def action_entries(spec: SpaceSpec) -> list[tuple[str, SpaceSpec, int, int]]:
+    """(path, leaf, first, size): where each leaf of an action lies in its flat vector (``element_shape``),
+    in the leaves' order; a Discrete leaf is one entry, the others one per element."""
+    entries, first = [], 0
+    for path, leaf in spec.leaf_specs():
+        size = 1 if leaf.discrete else math.prod(leaf.shape)
+        entries.append((path, leaf, first, size))
+        first += size
+    return entries
+
+
+def env_actions(actions: np.ndarray, spec: SpaceSpec) -> Any:
+    """Actions [k, *act] as the learner sends them -> what the vector env steps with: for a Box the array
+    clipped to its bounds (the learner keeps the unclipped sample), for a Discrete the array, for the flat
+    vectors of the other spaces each leaf's part in its shape and dtype (Box parts clipped), a Dict's as
+    a dict and a Tuple's as a tuple."""
+    if spec.kind == "discrete":
+        return actions
+    if spec.kind == "box":
+        return np.clip(actions, spec.low.astype(np.float32), spec.high.astype(np.float32))
+    k = len(actions)
+    parts = {}
+    for path, leaf, first, size in action_entries(spec):
+        part = actions[:, first:first + size]
+        if leaf.kind == "box":
+            parts[path] = np.clip(part.reshape(k, *leaf.shape), leaf.low.astype(np.float32),
+                                  leaf.high.astype(np.float32))
+        else:
+            parts[path] = part.reshape(k, *leaf.shape).astype(leaf.dtype)
+    if not spec.tree:
+        return parts[""]
+    if all(path.startswith("[") for path in parts):  # a Tuple: its leaves are [0], [1], ...
+        return tuple(parts.values())
+    return parts

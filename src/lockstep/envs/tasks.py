@@ -88,3 +88,61 @@ class Glimpse(gym.Env):
         if done:
             self._t = 0
         return self._obs(), reward, done, False, {}
+
+
+class Combination(gym.Env):
+    """A MultiDiscrete action: find the one combination of choices that pays.
+
+    Observation Box(0, 1, (1,)), always 1. Action MultiDiscrete(``nvec``, default [3, 4]); reward 1 when the
+    action is ``target`` (default [2, 1]), 0 otherwise; ``length`` steps an episode. Chance is a mean return
+    of ``length / prod(nvec)`` (8 / 12 by default), finding the combination ``length``. The suite's check that
+    each dimension's Categorical learns, with the log-probs summed.
+    """
+
+    def __init__(self, nvec: tuple[int, ...] = (3, 4), target: tuple[int, ...] = (2, 1), length: int = 8) -> None:
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        self.action_space = gym.spaces.MultiDiscrete(list(nvec))
+        self.target, self.length = np.asarray(target), length
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.ones(1, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self._t += 1
+        reward = 1.0 if np.array_equal(np.asarray(action), self.target) else 0.0
+        return np.ones(1, np.float32), reward, self._t == self.length, False, {}
+
+
+class Knobs(gym.Env):
+    """A Dict action of a Discrete, a Box and a MultiBinary part: press the right button, set the dial,
+    flip the right switches.
+
+    Observation Box(0, 1, (1,)), always 1. Action Dict(button: Discrete(3), dial: Box(-1, 1, (1,)),
+    switches: MultiBinary(2)). Reward per step: 1 for button 2, 1 - |dial - 0.5| for the dial, 0.5 for
+    each switch that matches [1, 0]; ``length`` steps an episode. ``last_action`` is the action the env
+    was last stepped with (after the actor clipped its Box part).
+    """
+
+    def __init__(self, length: int = 8) -> None:
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        self.action_space = gym.spaces.Dict({"button": gym.spaces.Discrete(3),
+                                             "dial": gym.spaces.Box(-1.0, 1.0, (1,), np.float32),
+                                             "switches": gym.spaces.MultiBinary(2)})
+        self.length = length
+        self.last_action: dict | None = None
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.ones(1, np.float32), {}
+
+    def step(self, action: dict) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.last_action = action
+        self._t += 1
+        reward = (float(int(action["button"]) == 2) + 1.0 - abs(float(action["dial"][0]) - 0.5)
+                  + 0.5 * float(np.sum(np.asarray(action["switches"]) == np.array([1, 0]))))
+        return np.ones(1, np.float32), reward, self._t == self.length, False, {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -46,6 +46,8 @@ class TrainStats:
     train_s: float
     lr: float
     update: ppo.UpdateStats
+    # an action of several parts: the mean entropy of each (a MultiDiscrete's dimensions, a Dict's leaves)
+    entropy_by_entry: dict[str, float] = field(default_factory=dict)
 
 
 class RewardScaler:
@@ -206,15 +208,17 @@ class Trainer:
                 batch, values, lambda o, t, n: model.value_after(normalize(as_tensors(o, dev)), after[t, n]))
             advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
         lr = self._apply_learning_rate()
-        actions = as_t(batch.actions, torch.long if model.discrete else torch.float32)  # [T, N, *act]
+        actions = as_t(batch.actions, torch.long if model.action_long else torch.float32)  # [T, N, *act]
         logprobs = as_t(batch.logprobs)  # [T, N]
         model.train()
         keep = torch.as_tensor(valid, device=dev)  # [T, N]; False past a cut
         stats = ppo.update(model, self.optimizer, obs, actions, starts, initial_state, keep, logprobs, advantages,
                            returns, values, **self._settings())
+        with torch.no_grad():  # an action of several parts: each part's entropy, after the update
+            entropies = model.entropy_by_entry(obs, starts, initial_state, keep)
         if self.obs_rms is not None:
             self._update_obs_rms(batch.obs[valid])
-        return self._advance(batch, lag, start, lr, stats)
+        return self._advance(batch, lag, start, lr, stats, entropies)
 
     def train_empty(self) -> TrainStats:
         """Several learners: this one's phase closed with no data, and it takes part in the update with
@@ -269,7 +273,7 @@ class Trainer:
         return lag
 
     def _advance(self, batch: Batch | None, lag: np.ndarray, start: float, lr: float,
-                 update: ppo.UpdateStats) -> TrainStats:
+                 update: ppo.UpdateStats, entropies: dict[str, float] | None = None) -> TrainStats:
         """Count the batch and move to the next version. ``env_steps`` counts every learner's samples:
         the learning-rate schedule and the step budget are the run's, not one learner's."""
         if self.ranks is not None:  # after every update, on every learner: the parameters must be identical
@@ -289,7 +293,7 @@ class Trainer:
         return TrainStats(
             version=trained_version, samples=size, off_policy_samples=int(np.count_nonzero(lag)),
             policy_lag_mean=float(lag.mean()) if len(lag) else 0.0, policy_lag_max=int(lag.max(initial=0)),
-            train_s=time.perf_counter() - start, lr=lr, update=update,
+            train_s=time.perf_counter() - start, lr=lr, update=update, entropy_by_entry=entropies or {},
         )
 
     def skip(self) -> None:

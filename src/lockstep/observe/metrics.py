@@ -196,7 +196,8 @@ class MetricsWriter:
         if self._tb is not None:
             # One event per row with every scalar in it (TensorBoard reads each value as its own tag's
             # point): a tenth of the cost of an event per scalar, and the row is on the training path.
-            values = [self._summary.Value(tag=f"lockstep/{key}", simple_value=float(value)) for key in COLUMNS[3:]
+            keys = COLUMNS[3:] + [key for key in row if key.startswith("entropy/")]  # per-part entropies
+            values = [self._summary.Value(tag=f"lockstep/{key}", simple_value=float(value)) for key in keys
                       if isinstance(value := row.get(key), (int, float)) and not math.isnan(value)]
             self._tb.add_event(self._event(wall_time=time.time(), step=int(row["env_steps"]),
                                            summary=self._summary(value=values)))

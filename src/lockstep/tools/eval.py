@@ -41,7 +41,7 @@ from lockstep.algo import noise
 from lockstep.algo.normalize import ObsNormalizer, as_tensors, stored_moments
 from lockstep.common.device import resolve_device
 from lockstep.common.files import atomic_write
-from lockstep.envs import SpaceSpec, action_spec, make_env, stack_records
+from lockstep.envs import SpaceSpec, action_spec, env_actions, make_env, stack_records
 from lockstep.learner import checkpoint as checkpoint_lib
 from lockstep.learner.inference import act
 from lockstep.models import Policy
@@ -186,10 +186,7 @@ class _Player:
                  seed: int, device: torch.device, observation: SpaceSpec) -> None:
         self.model, self.normalize, self.device, self.deterministic = model, normalize, device, deterministic
         self.observation = observation  # a Dict or Tuple observation is turned into records, as the actor does
-        self.discrete = action.discrete
-        self.low = self.high = None
-        if not self.discrete:
-            self.low, self.high = action.low.astype(np.float32), action.high.astype(np.float32)
+        self.action = action
         self.keys = noise.slot_keys(seed, 0, 1)
         self.steps = 0
         self.state = model.initial_state(1)  # [1, S]
@@ -197,7 +194,7 @@ class _Player:
     def start_episode(self) -> None:
         self.state = self.model.initial_state(1)
 
-    def __call__(self, obs: np.ndarray) -> np.ndarray | int:
+    def __call__(self, obs: np.ndarray) -> Any:
         batch = stack_records([obs], self.observation)  # [1, *obs]; records for a Dict or Tuple observation
         if self.deterministic:
             action, self.state = self._mode(batch)
@@ -205,9 +202,16 @@ class _Player:
             uniform = noise.uniform(self.keys, np.array([self.steps], np.uint64), self.model.noise_width)
             action, _, _, self.state = act(self.model, self.normalize, batch, uniform, self.state, self.device)
         self.steps += 1
-        if self.discrete:
-            return int(action[0])
-        return np.clip(action[0], self.low, self.high)  # as the actor clips; the policy's mean may lie outside
+        # as the actor makes them of the learner's actions: Box parts clipped (the policy's mean may lie
+        # outside), flat vectors cut into the space's parts; then the one env's
+        chosen = env_actions(action, self.action)
+        if self.action.discrete:
+            return int(chosen[0])
+        if isinstance(chosen, dict):
+            return {path: part[0] for path, part in chosen.items()}
+        if isinstance(chosen, tuple):
+            return tuple(part[0] for part in chosen)
+        return chosen[0]
 
     def _mode(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The most likely action: obs [1, *obs] -> action [1, *act], next state [1, S]."""

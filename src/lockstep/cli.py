@@ -80,7 +80,7 @@ class UsageError(Exception):
     """A command line that cannot work; the message names the fix (exit code 2)."""
 
 
-def check_env(env_id: str) -> None:
+def check_env(env_id: str, obs_keys: list[str] | tuple[str, ...] = (), action_mask_key: str = "") -> None:
     """Make one env of ``env_id`` before anything starts, so that an unknown id or a missing optional extra
     is one line that names the fix instead of a traceback from inside the learner or an actor."""
     import difflib
@@ -90,7 +90,7 @@ def check_env(env_id: str) -> None:
     from lockstep import envs
 
     try:
-        envs.env_spec(env_id)
+        envs.env_spec(env_id, obs_keys, action_mask_key)
     except gym.error.Error as err:  # DependencyNotInstalled names gymnasium's extra; ours wraps it
         extra = next((e for e in ("mujoco", "atari", "minatar") if e in str(err).lower()), None)
         fix = f" (with lockstep: pip install -e '.[{extra}]')" if extra else ""
@@ -145,7 +145,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 def cmd_train(args: argparse.Namespace, parts: Parts | None = None) -> int:
     """``lockstep train``; ``parts``: the learner's replaceable parts (``learner.parts``; benchmarks)."""
     config = resolve_config(args)
-    check_env(config.env.id)
+    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key)
     from lockstep.launch.local import train
     from lockstep.learner.parts import DEFAULT_PARTS
 
@@ -158,7 +158,7 @@ def cmd_train(args: argparse.Namespace, parts: Parts | None = None) -> int:
 
 def cmd_learner(args: argparse.Namespace) -> int:
     config = resolve_config(args)
-    check_env(config.env.id)
+    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key)
     from lockstep.launch.local import train
 
     run_dir = Path(config.run.run_dir)
@@ -189,7 +189,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
     # imported (nothing before this line imports it); the actor says what went wrong in one line of its own.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     opts = actor_options(args)
-    check_env(opts.env)
+    check_env(opts.env, opts.obs_keys)
     from lockstep.actor import run
 
     return run(opts)

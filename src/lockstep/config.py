@@ -61,6 +61,9 @@ class EnvConfig:
                                      "or package.module:callable", flag="--env")
     obs_keys: list[str] = setting([], "a Dict observation: the keys to keep (e.g. [image, direction]; a Text or "
                                       "other leaf lockstep cannot encode must be left out); empty: every key")
+    action_mask_key: str = setting("action_mask", "a Dict observation's leaf that masks the Discrete and "
+                                   "MultiDiscrete actions (one number per choice, 0: not allowed), if it has one; "
+                                   "empty: no mask")
     normalize_obs: bool = setting(False, "keep a running mean/std of observations (of each Box leaf that is not "
                                          "a uint8 image), part of the policy snapshot")
     normalize_reward: bool = setting(False, "scale rewards by the std of the discounted return")

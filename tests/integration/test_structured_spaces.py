@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
-from protocol import hello
+from protocol import empty_step, hello
 
 from lockstep import config as config_lib
-from lockstep.envs import SpaceSpec, env_spec
+from lockstep.envs import SpaceSpec, env_spec, stack_records
 from lockstep.launch.local import train
 from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
@@ -92,3 +95,50 @@ def test_a_dict_action_of_discrete_box_and_multibinary_parts_trains_over_grpc_an
     assert report.exit_code == 0 and report.differing == 0 and report.samples == 1024
     with np.load(run_dir / "audit" / "batch_000001.npz") as batch:
         assert batch["actions"].shape == (32, 8, 4) and batch["actions"].dtype == np.float32
+
+
+@pytest.fixture(scope="module")
+def masked_run(tmp_path_factory) -> Path:
+    """Forbidden (an action_mask leaf over Discrete(5)) over shared memory with the audit trail: 4 iterations."""
+    run_dir = tmp_path_factory.mktemp("masked") / "run"
+    train(_config("lockstep.envs.tasks:Forbidden", "shm", **{"ppo.total_steps": 1024, "run.audit": True}), run_dir)
+    return run_dir
+
+
+def test_a_masked_run_never_takes_a_forbidden_action_and_passes_the_audit(masked_run):
+    report = audit.check(masked_run)
+    assert report.exit_code == 0 and report.differing == 0 and report.samples == 1024
+    for path in sorted((masked_run / "audit").glob("batch_*.npz")):
+        with np.load(path) as batch:
+            mask, actions = batch["obs/action_mask"], batch["actions"]  # [T, N, 5], [T, N]
+            assert mask[..., 0].dtype == np.int8 and (np.take_along_axis(mask, actions[..., None], -1) == 1).all()
+
+
+def test_the_audit_fails_when_a_stored_mask_is_changed(masked_run, tmp_path):
+    run_dir = Path(shutil.copytree(masked_run, tmp_path / "copy"))
+    path = run_dir / "audit" / "batch_000002.npz"
+    with np.load(path) as batch:
+        arrays = {name: batch[name] for name in batch.files}
+    mask = arrays["obs/action_mask"].copy()
+    t, n = 3, 1
+    allowed = np.flatnonzero(mask[t, n])
+    others = [a for a in allowed if a != arrays["actions"][t, n]]
+    mask[t, n, others[0] if others else (arrays["actions"][t, n] + 1) % 5] ^= 1  # allow or forbid one more
+    np.savez_compressed(path, **{**arrays, "obs/action_mask": mask})
+    report = audit.check(run_dir)
+    assert report.iteration(2).differing == 1 and report.iteration(1).differing == 0
+    assert report.exit_code == 1 and audit.main(str(run_dir)) == 1
+
+
+def test_a_step_whose_mask_allows_nothing_is_refused_naming_the_slot(running_learner):
+    learner = running_learner({"env.id": "lockstep.envs.tasks:Forbidden", "actors.envs_per_actor": 2})
+    spec = env_spec("lockstep.envs.tasks:Forbidden").observation
+    conn = Connection(learner.address, hello(env_id="lockstep.envs.tasks:Forbidden"), connect_timeout=10)
+    obs = stack_records([{"action_mask": np.array(m, np.int8), "clock": np.zeros(1, np.float32)}
+                         for m in ([0, 1, 0, 0, 0], [0, 0, 0, 0, 0])], spec)
+    with pytest.raises(grpc.RpcError) as err:
+        conn.step(empty_step(obs), np.int64, ())
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "leaf 'action_mask': env slot 1 allows no action" in err.value.details()
+    conn.close()
+    Connection(learner.address, hello(env_id="lockstep.envs.tasks:Forbidden"), connect_timeout=10).close()

@@ -44,10 +44,12 @@ class RunningMeanStd:
 
 class LeafStatistics:
     """The running moments of a Dict or Tuple observation: one ``RunningMeanStd`` per normalized leaf (each
-    Box leaf but uint8 images, which their encoder scales), keyed by path; ``mean`` and ``var`` are dicts."""
+    Box leaf but uint8 images, which their encoder scales, and the action mask), keyed by path; ``mean`` and
+    ``var`` are dicts."""
 
     def __init__(self, observation: SpaceSpec) -> None:
-        self.leaves = {path: RunningMeanStd(leaf.shape) for path, leaf in observation.leaves if normalized(leaf)}
+        self.leaves = {path: RunningMeanStd(leaf.shape) for path, leaf in observation.leaves
+                       if normalized(leaf) and path != observation.mask}  # an action mask stays as it came
 
     @property
     def mean(self) -> dict[str, np.ndarray]:

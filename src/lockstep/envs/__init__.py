@@ -55,8 +55,10 @@ from lockstep.envs.spaces import action_entries as action_entries
 from lockstep.envs.spaces import action_spec as action_spec
 from lockstep.envs.spaces import env_actions as env_actions
 from lockstep.envs.spaces import from_leaves as from_leaves
+from lockstep.envs.spaces import leaf_choices as leaf_choices
 from lockstep.envs.spaces import stack_records as stack_records
 from lockstep.envs.spaces import to_records as to_records
+from lockstep.envs.spaces import with_action_mask as with_action_mask
 
 
 @dataclass(frozen=True)
@@ -194,12 +196,15 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return FinishedEpisodes(envs)
 
 
-def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = ()) -> EnvSpec:
+def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mask_key: str = "") -> EnvSpec:
     """The spaces of one environment of ``env_id``; ``obs_keys`` (``env.obs_keys``) keeps those keys of a
-    Dict observation."""
+    Dict observation, whose leaf ``action_mask_key`` (``env.action_mask_key``), if it has one, masks the
+    actions (``spaces.with_action_mask``)."""
     env: Any = resolve_env(env_id)()
     try:
-        return EnvSpec(env_id, SpaceSpec.from_space(env.observation_space, obs_keys), action_spec(env.action_space))
+        action = action_spec(env.action_space)
+        observation = SpaceSpec.from_space(env.observation_space, obs_keys)
+        return EnvSpec(env_id, with_action_mask(observation, action, action_mask_key), action)
     finally:
         env.close()
 

@@ -18,6 +18,7 @@ the shared-memory layout) and enters the policy as its own tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -46,6 +47,10 @@ class SpaceSpec:
     # where a leaf lies in the env's nested observation (Dict keys, Tuple indices): known where the spec was
     # made from the env's space (``from_space``), absent where it arrived in a hello, which needs none
     route: tuple[str | int, ...] = field(default=(), compare=False)
+    # a tree with an action mask (``with_action_mask``): the mask leaf's path and how many choices each
+    # categorical entry of the action has; the learner's alone (an actor sends the leaf as any other)
+    mask: str = field(default="", compare=False)
+    mask_groups: tuple[int, ...] = field(default=(), compare=False)
 
     @classmethod
     def from_space(cls, space: gym.Space, keys: tuple[str, ...] | list[str] = ()) -> SpaceSpec:
@@ -245,6 +250,52 @@ def action_spec(space: gym.Space) -> SpaceSpec:
         raise ValueError(f"unsupported action space {space}: a Dict or Tuple of actions must not nest; "
                          f"its leaves are {list(spec.paths())}")
     return spec
+
+
+def leaf_choices(leaf: SpaceSpec) -> tuple[int, ...]:
+    """The choices of each categorical entry of an action leaf: a Discrete's n, a MultiDiscrete's nvec, 2 per
+    bit of a MultiBinary; () for a Box (its elements are Gaussian)."""
+    if leaf.kind == "discrete":
+        return (leaf.n,)
+    if leaf.kind == "multi_discrete":
+        return leaf.nvec
+    if leaf.kind == "multi_binary":
+        return (2,) * math.prod(leaf.shape)
+    return ()
+
+
+def with_action_mask(observation: SpaceSpec, action: SpaceSpec, key: str) -> SpaceSpec:
+    """``observation`` with its action mask: the leaf ``key`` (``env.action_mask_key``) of a Dict observation,
+    if it has one, one number per choice of the action's categorical entries (Discrete, MultiDiscrete,
+    MultiBinary parts, in the action's order), non-zero where the choice is allowed.
+
+    Raises ``ValueError`` naming the leaf for a mask that cannot mask this action."""
+    if not key or not observation.tree or key not in observation.paths():
+        return observation
+    leaf = dict(observation.leaves)[key]
+    groups = tuple(n for _, part, *_ in action_entries(action) for n in leaf_choices(part))
+    if not groups:
+        raise ValueError(f"observation leaf {key!r} is an action mask, but the action space {action.describe()} has "
+                         "no Discrete, MultiDiscrete or MultiBinary part to mask; set env.action_mask_key to '' "
+                         "to use the leaf as an observation only")
+    integral = leaf.kind == "multi_binary" or (leaf.kind == "box" and np.dtype(leaf.dtype).kind in "biu")
+    if not integral or math.prod(leaf.shape) != sum(groups):
+        raise ValueError(f"observation leaf {key!r} (env.action_mask_key) is {leaf.describe()}; an action mask of "
+                         f"{action.describe()} is a MultiBinary or an integer Box of {sum(groups)} elements, one per "
+                         "choice, non-zero where it is allowed")
+    return dataclasses.replace(observation, mask=key, mask_groups=groups)
+
+
+def allowed_nothing(mask: np.ndarray, groups: tuple[int, ...]) -> tuple[int, int] | None:
+    """(slot, entry) of the first slot whose mask [k, *mask] allows no choice of an entry, or None."""
+    flat = mask.reshape(len(mask), -1) != 0  # [k, sum(groups)]
+    first = 0
+    for entry, n in enumerate(groups):
+        empty = ~flat[:, first:first + n].any(1)
+        if empty.any():
+            return int(np.flatnonzero(empty)[0]), entry
+        first += n
+    return None
 
 
 def action_entries(spec: SpaceSpec) -> list[tuple[str, SpaceSpec, int, int]]:

@@ -146,3 +146,45 @@ class Knobs(gym.Env):
         reward = (float(int(action["button"]) == 2) + 1.0 - abs(float(action["dial"][0]) - 0.5)
                   + 0.5 * float(np.sum(np.asarray(action["switches"]) == np.array([1, 0]))))
         return np.ones(1, np.float32), reward, self._t == self.length, False, {}
+
+
+class Forbidden(gym.Env):
+    """An action mask: pick the highest of the actions allowed this step, never a forbidden one.
+
+    Observation Dict(action_mask: MultiBinary(n), 1 where an action is allowed, at least one each step;
+    clock: Box(0, 1, (1,)), the step's fraction of the episode). Action Discrete(n); reward 1 for the highest
+    allowed action, 0 for another allowed one, -1 for a forbidden one (``forbidden_taken`` counts them: a
+    policy that honours the mask never takes one). ``length`` steps an episode.
+    """
+
+    def __init__(self, n: int = 5, length: int = 8) -> None:
+        self.n, self.length = n, length
+        self.observation_space = gym.spaces.Dict({"action_mask": gym.spaces.MultiBinary(n),
+                                                  "clock": gym.spaces.Box(0.0, 1.0, (1,), np.float32)})
+        self.action_space = gym.spaces.Discrete(n)
+        self.forbidden_taken = 0
+        self._mask = np.ones(n, np.int8)
+        self._t = 0
+
+    def _obs(self) -> dict:
+        self._mask = (self.np_random.random(self.n) < 0.5).astype(np.int8)
+        self._mask[int(self.np_random.integers(self.n))] = 1
+        return {"action_mask": self._mask.copy(), "clock": np.array([self._t / self.length], np.float32)}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple[dict, float, bool, bool, dict]:
+        action = int(action)
+        if not self._mask[action]:
+            self.forbidden_taken += 1
+            reward = -1.0
+        else:
+            reward = 1.0 if action == int(np.flatnonzero(self._mask).max()) else 0.0
+        self._t += 1
+        done = self._t == self.length
+        if done:
+            self._t = 0
+        return self._obs(), reward, done, False, {}

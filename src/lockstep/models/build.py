@@ -39,7 +39,14 @@ def torso_kind(observation: SpaceSpec, kind: str) -> str:
 
 
 def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Policy:
-    """The policy the config names, for these spaces: ``model.policy``'s factory, or the built-in family."""
+    """The policy the config names, for these spaces: ``model.policy``'s factory, or the built-in family;
+    either masks its actions with the observation's action mask, if it has one."""
+    policy = _build(observation, action, model)
+    policy.action_mask = observation.mask
+    return policy
+
+
+def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Policy:
     if model.policy:
         policy = load_factory(model.policy)(observation, action, model)
         if not isinstance(policy, Policy):

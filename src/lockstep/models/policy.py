@@ -29,9 +29,12 @@ import torch
 from torch import nn
 
 from lockstep.common.tree import first_leaf, leaf_map
-from lockstep.envs import SpaceSpec, action_entries
+from lockstep.envs import SpaceSpec, action_entries, leaf_choices
 
 LOG_2PI = math.log(2 * math.pi)
+# the logit of a choice an action mask forbids: finite, so that its probability is exactly 0 (and 0 * log 0
+# in the entropy is 0, not NaN), and far below what Gumbel noise of float32 uniforms reaches (under 17)
+MASKED = -1e8
 
 
 class Policy(nn.Module):
@@ -44,6 +47,7 @@ class Policy(nn.Module):
     """
 
     state_size = 0
+    action_mask = ""  # the observation leaf that masks the action's choices (``build_policy`` sets it), or none
 
     def __init__(self, action: SpaceSpec, init_log_std: float = 0.0) -> None:
         super().__init__()
@@ -107,6 +111,7 @@ class Policy(nn.Module):
         (already reset where episodes start) -> action [N, *act], log-prob [N], value [N], next state [N, S].
         """
         head, value, after = self.step_features(obs, state)
+        head = self.masked(head, obs)
         action, logprob = self.sample_head(head, noise)
         return action, logprob, value, after
 
@@ -116,6 +121,7 @@ class Policy(nn.Module):
         [T, N] of the given actions under the current parameters (a feedforward policy ignores starts, state)."""
         T, N = starts.shape
         head, value = self.sequence_features(obs, starts, state)
+        head = self.masked(head, obs)
         logprob, entropy = self.evaluate_head(head, actions.reshape(T * N, *actions.shape[2:]))
         return logprob.reshape(T, N), entropy.reshape(T, N), value.reshape(T, N)
 
@@ -124,11 +130,13 @@ class Policy(nn.Module):
         """One step of given actions, as ``step`` computed it: obs [N, *obs], actions [N, *act], state [N, S]
         -> log-prob [N], next state [N, S]."""
         head, _, after = self.step_features(obs, state)
+        head = self.masked(head, obs)
         return self.evaluate_head(head, actions)[0], after
 
     def mode(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The most likely action (argmax for Discrete, the Gaussian's mean for Box) [N, *act], next state."""
         head, _, after = self.step_features(obs, state)
+        head = self.masked(head, obs)
         if self.heads is not None:
             return self.heads.mode(head), after
         action = head.argmax(-1) if self.discrete else head.reshape(-1, *self.action_shape)
@@ -144,6 +152,18 @@ class Policy(nn.Module):
         head, _ = self.sequence_features(obs, starts, state)  # rows in (t, n) order
         means = self.heads.entropies(head[valid.reshape(-1)], getattr(self, "log_std", None)).mean(0)
         return dict(zip(self.heads.labels, means.tolist()))
+
+    def masked(self, head: torch.Tensor, obs: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        """Head output [B, action_dim] with the logits of choices the observation's action mask forbids
+        (``action_mask``: its leaf, [B, *mask] or [T, N, *mask] for rows in (t, n) order) set to ``MASKED``;
+        unchanged without a mask. Sampling, the stored log-prob, training, evaluation and the audit all pass
+        here, so all see the same distribution."""
+        if not self.action_mask:
+            return head
+        allowed = obs[self.action_mask].reshape(head.shape[0], -1) != 0  # [B, choices]
+        width = allowed.shape[1]
+        logits = head[:, :width].masked_fill(~allowed, MASKED)
+        return torch.cat([logits, head[:, width:]], -1) if head.shape[1] > width else logits
 
     def value_after(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """V [M] of observations [M, *obs] that follow states [M, S] (no reset): the bootstrap values."""
@@ -208,8 +228,7 @@ class Heads:
                 self.gaussian_at += range(first, first + size)
                 gaussian += names
                 continue
-            counts = {"discrete": (leaf.n,), "multi_discrete": leaf.nvec, "multi_binary": (2,) * size}[leaf.kind]
-            self.choices += counts
+            self.choices += leaf_choices(leaf)
             self.categorical_at += range(first, first + size)
             categorical += names
         self.labels = categorical + gaussian  # of the entropies, in ``entropies``' order

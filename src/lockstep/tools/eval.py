@@ -41,7 +41,7 @@ from lockstep.algo import noise
 from lockstep.algo.normalize import ObsNormalizer, as_tensors, stored_moments
 from lockstep.common.device import resolve_device
 from lockstep.common.files import atomic_write
-from lockstep.envs import SpaceSpec, action_spec, env_actions, make_env, stack_records
+from lockstep.envs import SpaceSpec, action_spec, env_actions, make_env, stack_records, with_action_mask
 from lockstep.learner import checkpoint as checkpoint_lib
 from lockstep.learner.inference import act
 from lockstep.models import Policy
@@ -126,8 +126,9 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
     env_id = env_config.id
     env = _make(env_id, video_dir is not None)
     try:
-        obs_spec = SpaceSpec.from_space(env.observation_space, env_config.obs_keys)
         act_spec = action_spec(env.action_space)
+        obs_spec = with_action_mask(SpaceSpec.from_space(env.observation_space, env_config.obs_keys), act_spec,
+                                    env_config.action_mask_key)
         _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, obs_spec, act_spec,
                                                                     torch_device)
         player = _Player(model, normalize, act_spec, deterministic, seed, torch_device, obs_spec)

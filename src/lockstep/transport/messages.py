@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lockstep.envs import SpaceSpec, from_leaves
+from lockstep.envs.spaces import allowed_nothing
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import ALLOWED_DTYPES, MAX_DIMS, CodecError, decode, encode
 
@@ -324,6 +325,20 @@ def _check_values(data: StepData, bounds: StepBounds, observation: SpaceSpec) ->
         raise CodecError(f"step.episode_length: {lengths.tolist()} holds a length below 1; a finished episode "
                          "took at least one step")
     return data
+
+
+def check_action_mask(obs: np.ndarray, observation: SpaceSpec) -> None:
+    """Refuse (``CodecError`` naming the slot) observations [k] whose action mask (``observation.mask``, the
+    learner's spec: ``envs.spaces.with_action_mask``) allows no choice of some entry of a slot's action."""
+    if not observation.mask:
+        return
+    empty = allowed_nothing(obs[observation.mask], observation.mask_groups)
+    if empty is not None:
+        slot, entry = empty
+        which = f" for entry {entry} of the action" if len(observation.mask_groups) > 1 else ""
+        raise CodecError(f"step.observation leaf {observation.mask!r}: env slot {slot} allows no action{which} "
+                         "(every choice masked); an env must allow at least one action in every observation it "
+                         "asks an action for")
 
 
 def _bounded(value: np.ndarray, where: str, bound: str, bounds: StepBounds) -> np.ndarray:

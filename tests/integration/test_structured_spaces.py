@@ -15,8 +15,10 @@ from protocol import empty_step, hello
 from lockstep import config as config_lib
 from lockstep.envs import SpaceSpec, env_spec, stack_records
 from lockstep.launch.local import train
+from lockstep.learner import checkpoint
 from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
+from lockstep.tools.eval import evaluate
 from lockstep.transport.grpc.client import Connection, LearnerRefused
 from lockstep.transport.shm.client import LocalConnection
 
@@ -142,3 +144,13 @@ def test_a_step_whose_mask_allows_nothing_is_refused_naming_the_slot(running_lea
     assert "leaf 'action_mask': env slot 1 allows no action" in err.value.details()
     conn.close()
     Connection(learner.address, hello(env_id="lockstep.envs.tasks:Forbidden"), connect_timeout=10).close()
+
+
+def test_a_recurrent_policy_on_a_dict_observation_is_evaluated_from_its_checkpoint(tmp_path):
+    # per-leaf normalization statistics go into the checkpoint and come back for `lockstep eval`
+    config = _config(GLIMPSE, "inprocess", **{"ppo.total_steps": 512, "model.lstm_size": 8, "env.normalize_obs": True})
+    train(config, tmp_path / "run")
+    stored = checkpoint.load(tmp_path / "run" / "checkpoints" / "final.pt")["trainer"]["obs_rms"]
+    assert list(stored["leaves"]) == ["clock"]  # the vector leaf; neither the image nor the Discrete leaf
+    report = evaluate(tmp_path / "run", episodes=2, deterministic=True)
+    assert [e.length for e in report.episodes] == [8, 8]

@@ -99,5 +99,7 @@ def test_the_actor_clips_the_box_part_of_a_dict_action_and_the_env_gets_its_part
 def test_a_nested_or_unsupported_action_space_is_refused_by_name():
     with pytest.raises(ValueError, match="must not nest"):
         action_spec(gym.spaces.Dict({"a": gym.spaces.Dict({"b": gym.spaces.Discrete(2)})}))
+    with pytest.raises(ValueError, match="must not nest"):
+        action_spec(gym.spaces.Dict({"a": gym.spaces.Tuple((gym.spaces.Discrete(2),))}))
     with pytest.raises(ValueError, match="unsupported action space"):
         action_spec(gym.spaces.Text(4))

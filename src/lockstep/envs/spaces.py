@@ -28,8 +28,6 @@ import gymnasium as gym
 import numpy as np
 
 LEAF_SPACES = "Box, Discrete, MultiDiscrete and MultiBinary"
-# Spaces of that kind: the ``kind`` of a leaf spec; a Dict or Tuple is a "tree"
-LEAF_KINDS = ("discrete", "box", "multi_discrete", "multi_binary")
 
 
 @dataclass(frozen=True)
@@ -100,11 +98,6 @@ class SpaceSpec:
         if self.tree:
             return np.dtype([(path, np.dtype(leaf.dtype), leaf.shape) for path, leaf in self.leaves])
         return np.dtype(self.dtype)
-
-    @property
-    def elements(self) -> int:
-        """Numbers in one value, over every leaf."""
-        return sum(math.prod(leaf.shape) for _, leaf in self.leaf_specs())
 
     @property
     def action_dtype(self) -> np.dtype:
@@ -246,7 +239,7 @@ def action_spec(space: gym.Space) -> SpaceSpec:
         spec = SpaceSpec.from_space(space)
     except ValueError as err:
         raise ValueError(f"unsupported action space {space}: {err}") from None
-    if any("." in path or path.count("[") > 1 for path in spec.paths()):
+    if any(len(leaf.route) > 1 for _, leaf in spec.leaves):
         raise ValueError(f"unsupported action space {space}: a Dict or Tuple of actions must not nest; "
                          f"its leaves are {list(spec.paths())}")
     return spec

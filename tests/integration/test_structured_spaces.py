@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from protocol import empty_step, hello
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lockstep import config as config_lib
 from lockstep.envs import SpaceSpec, env_spec, stack_records
@@ -86,6 +87,12 @@ def test_a_multidiscrete_action_learns_the_rewarded_combination(tmp_path):
     config = _config("lockstep.envs.tasks:Combination", "inprocess", **{"ppo.lr": 0.003})
     summary = train(config, tmp_path / "run")
     assert summary["episode_return_mean"] > 4.0, summary["episode_return_mean"]
+    # each dimension's entropy is reported (TensorBoard), falling as its Categorical settles on its choice
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    for dimension, choices in (("[0]", 3), ("[1]", 4)):
+        entropy = [e.value for e in events.Scalars(f"lockstep/entropy/{dimension}")]
+        assert len(entropy) == 16 and entropy[0] <= np.log(choices) and entropy[-1] < 0.5 * entropy[0], entropy
 
 
 def test_a_dict_action_of_discrete_box_and_multibinary_parts_trains_over_grpc_and_passes_the_audit(tmp_path):

@@ -59,7 +59,13 @@ class EnvConfig:
 
     id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), atari:GAME, minatar:GAME, masked:ENV "
                                      "or package.module:callable", flag="--env")
-    normalize_obs: bool = setting(False, "keep a running mean/std of observations, part of the policy snapshot")
+    obs_keys: list[str] = setting([], "a Dict observation: the keys to keep (e.g. [image, direction]; a Text or "
+                                      "other leaf lockstep cannot encode must be left out); empty: every key")
+    action_mask_key: str = setting("action_mask", "a Dict observation's leaf that masks the Discrete and "
+                                   "MultiDiscrete actions (one number per choice, 0: not allowed), if it has one; "
+                                   "empty: no mask")
+    normalize_obs: bool = setting(False, "keep a running mean/std of observations (of each Box leaf that is not "
+                                         "a uint8 image), part of the policy snapshot")
     normalize_reward: bool = setting(False, "scale rewards by the std of the discounted return")
     clip_obs: float = setting(10.0, "clip observations to this magnitude after normalization")
     clip_reward: float = setting(10.0, "clip rewards to this magnitude after scaling")

@@ -48,7 +48,8 @@ class _Actor:
         for _ in range(n):
             self.final_observations += len(self.loop.final_index)
             message = step_message(self.loop.outcome())
-            actions, version = self.conn.step(message, self.loop.dtype, self.loop.shape)
+            spec = self.loop.act_spec
+            actions, version = self.conn.step(message, spec.action_dtype, spec.element_shape)
             self.loop.step(actions)
         return version
 

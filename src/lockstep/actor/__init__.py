@@ -32,6 +32,7 @@ log = logging.getLogger("lockstep.actor")
 class ActorOptions:
     learner: str = "127.0.0.1:50051"  # host:port (gRPC) or unix:/path (same host, shared memory)
     env: str = EnvConfig.id
+    obs_keys: tuple[str, ...] = ()  # env.obs_keys: the keys of a Dict observation to keep (empty: all)
     envs_per_actor: int = ActorsConfig.envs_per_actor
     actor_id: int = 0
     connect_timeout: float = 60.0  # for each connection attempt
@@ -44,13 +45,13 @@ class ActorOptions:
 class EnvLoop:
     """The actor's environments and what it must tell the learner about their last step."""
 
-    def __init__(self, vec, act_spec: envs_lib.SpaceSpec) -> None:
+    def __init__(self, vec, act_spec: envs_lib.SpaceSpec, obs_spec: envs_lib.SpaceSpec | None = None) -> None:
         self.vec = vec
+        # a Dict or Tuple space's observations go to the learner as records (``envs.spaces``); the spec
+        # (with env.obs_keys applied) is the hello's, or else the vector env's whole space
+        self.obs_spec = obs_spec or envs_lib.SpaceSpec.from_space(vec.single_observation_space)
         k = vec.num_envs
-        self.dtype, self.shape = act_spec.action_dtype, act_spec.element_shape
-        self.low = self.high = None
-        if act_spec.kind == "box":
-            self.low, self.high = act_spec.low.astype(np.float32), act_spec.high.astype(np.float32)
+        self.act_spec = act_spec
         self.obs: np.ndarray | None = None
         self.reward = np.zeros(k, np.float32)
         self.terminated = np.zeros(k, bool)
@@ -59,7 +60,8 @@ class EnvLoop:
         self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
 
     def reset(self, seeds: list[int]) -> None:
-        self.obs, _ = self.vec.reset(seed=seeds)
+        obs, _ = self.vec.reset(seed=seeds)
+        self.obs = envs_lib.to_records(obs, self.obs_spec)
         self.final_obs = np.zeros((0, *self.obs.shape[1:]), self.obs.dtype)
 
     def forget_outcome(self) -> None:
@@ -81,17 +83,17 @@ class EnvLoop:
                         self.ep_return, self.ep_length)
 
     def step(self, actions: np.ndarray) -> None:
-        if self.low is not None:
-            actions = np.clip(actions, self.low, self.high)  # the learner keeps the unclipped action
-        obs, reward, self.terminated, self.truncated, info = self.vec.step(actions)
-        self.obs = obs
+        # Box parts clipped (the learner keeps the unclipped action), flat vectors cut into the env's parts
+        obs, reward, self.terminated, self.truncated, info = self.vec.step(envs_lib.env_actions(actions, self.act_spec))
+        self.obs = obs = envs_lib.to_records(obs, self.obs_spec)
         self.reward = reward.astype(np.float32, copy=False)
         # Same-step autoreset: `obs` already holds reset observations where an episode ended;
         # a truncated episode's last observation is needed to bootstrap its value.
         ended_by_time = self.truncated & ~self.terminated
         if ended_by_time.any():
             self.final_index = np.flatnonzero(ended_by_time).astype(np.int64)
-            self.final_obs = np.stack([info["final_obs"][i] for i in self.final_index]).astype(obs.dtype, copy=False)
+            final = envs_lib.stack_records([info["final_obs"][i] for i in self.final_index], self.obs_spec)
+            self.final_obs = final.astype(obs.dtype, copy=False)
         else:
             self.final_index, self.final_obs = np.zeros(0, np.int64), self.final_obs[:0]
         if "episode" in info:
@@ -114,9 +116,9 @@ def run(opts: ActorOptions) -> int:
 
 
 def _run(opts: ActorOptions, vec) -> int:
-    obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space)
-    act_spec = envs_lib.SpaceSpec.from_space(vec.single_action_space)
-    loop = EnvLoop(vec, act_spec)
+    obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space, opts.obs_keys)
+    act_spec = envs_lib.action_spec(vec.single_action_space)
+    loop = EnvLoop(vec, act_spec, obs_spec)
     backoff = Backoff(base_s=0.5, cap_s=10.0, budget_s=opts.retry_for_s)
     name = f"actor {opts.actor_id}"
     while True:

@@ -3,8 +3,12 @@ normalizer each policy version carries (``inference.PolicySnapshot``, ``Trainer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
+
+from lockstep.envs import SpaceSpec
 
 
 class RunningMeanStd:
@@ -38,18 +42,97 @@ class RunningMeanStd:
         self.mean, self.var, self.count = np.array(state["mean"]), np.array(state["var"]), float(state["count"])
 
 
+class LeafStatistics:
+    """The running moments of a Dict or Tuple observation: one ``RunningMeanStd`` per normalized leaf (each
+    Box leaf but uint8 images, which their encoder scales, and the action mask), keyed by path; ``mean`` and
+    ``var`` are dicts."""
+
+    def __init__(self, observation: SpaceSpec) -> None:
+        self.leaves = {path: RunningMeanStd(leaf.shape) for path, leaf in observation.leaves
+                       if normalized(leaf) and path != observation.mask}  # an action mask stays as it came
+
+    @property
+    def mean(self) -> dict[str, np.ndarray]:
+        return {path: rms.mean for path, rms in self.leaves.items()}
+
+    @property
+    def var(self) -> dict[str, np.ndarray]:
+        return {path: rms.var for path, rms in self.leaves.items()}
+
+    def state_dict(self) -> dict:
+        return {"leaves": {path: rms.state_dict() for path, rms in self.leaves.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for path, rms in self.leaves.items():
+            rms.load_state_dict(state["leaves"][path])
+
+
+def normalized(leaf: SpaceSpec) -> bool:
+    """Whether observation normalization applies to a leaf: Box leaves but uint8 images."""
+    return leaf.kind == "box" and not leaf.image
+
+
+def observation_statistics(observation: SpaceSpec) -> RunningMeanStd | LeafStatistics:
+    """The running moments ``env.normalize_obs`` keeps: of the whole observation, or of each leaf of a tree."""
+    return LeafStatistics(observation) if observation.tree else RunningMeanStd(observation.shape)
+
+
+def stored_moments(state: dict | None) -> tuple[Any, Any]:
+    """(mean, var) of a checkpoint's ``obs_rms`` (a ``state_dict`` of either statistics); (None, None) for none."""
+    if state is None:
+        return None, None
+    if "leaves" in state:
+        return ({path: s["mean"] for path, s in state["leaves"].items()},
+                {path: s["var"] for path, s in state["leaves"].items()})
+    return state["mean"], state["var"]
+
+
+def copy_moments(moments: np.ndarray | dict | None) -> np.ndarray | dict | None:
+    """A copy of a mean or variance: an array, a dict of them by leaf path (a tree), or None."""
+    if moments is None:
+        return None
+    if isinstance(moments, dict):
+        return {path: np.array(value) for path, value in moments.items()}
+    return np.array(moments)
+
+
+def as_tensors(obs: np.ndarray, device: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Observations [B, ...] as the policy takes them: one tensor, or for the records of a Dict or Tuple
+    space one tensor per leaf [B, *leaf] in its own dtype, keyed by path (``common.tree``)."""
+    if obs.dtype.names:
+        # a copy: a leaf of records is strided by the record size, which torch cannot view
+        return {path: torch.as_tensor(obs[path].copy(), device=device) for path in obs.dtype.names}
+    return torch.as_tensor(obs, device=device)
+
+
 class ObsNormalizer:
-    """Frozen observation normalization: (obs - mean) / sqrt(var + eps), clipped. Identity when disabled."""
+    """Frozen observation normalization: (obs - mean) / sqrt(var + eps), clipped. Identity when disabled.
 
-    def __init__(self, mean: np.ndarray | None, var: np.ndarray | None, clip: float, device: torch.device) -> None:
+    A flat observation becomes float32 either way. For a tree (``mean`` and ``var`` dicts keyed by path)
+    only the normalized leaves change (``normalized``); the others reach their encoders as they came."""
+
+    def __init__(self, mean: np.ndarray | dict | None, var: np.ndarray | dict | None, clip: float,
+                 device: torch.device) -> None:
         self.enabled = mean is not None
-        if self.enabled:
-            self.mean = torch.as_tensor(mean, dtype=torch.float32, device=device)
-            self.scale = torch.as_tensor(1.0 / np.sqrt(var + 1e-8), dtype=torch.float32, device=device)
-            self.clip = clip
+        self.clip = clip
+        if isinstance(mean, dict):
+            self.leaves = {path: self._moments(mean[path], var[path], device) for path in mean}
+        elif self.enabled:
+            self.mean, self.scale = self._moments(mean, var, device)
 
-    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _moments(mean: np.ndarray, var: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.as_tensor(mean, dtype=torch.float32, device=device),
+                torch.as_tensor(1.0 / np.sqrt(var + 1e-8), dtype=torch.float32, device=device))
+
+    def __call__(self, obs: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
+        if isinstance(obs, dict):
+            leaves = getattr(self, "leaves", {})
+            return {path: self._normalize(x, *leaves[path]) if path in leaves else x for path, x in obs.items()}
         obs = obs.float()
         if not self.enabled:
             return obs
-        return ((obs - self.mean) * self.scale).clamp(-self.clip, self.clip)
+        return self._normalize(obs, self.mean, self.scale)
+
+    def _normalize(self, obs: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return ((obs.float() - mean) * scale).clamp(-self.clip, self.clip)

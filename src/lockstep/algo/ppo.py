@@ -146,13 +146,21 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Call
     return UpdateStats(*means, gradient_steps=steps, skipped_steps=skipped)
 
 
-def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor,
+def _each_leaf(fn: Callable[[torch.Tensor], torch.Tensor], obs: torch.Tensor | dict) -> torch.Tensor | dict:
+    """``fn`` of the observation tensor, or of each leaf of a Dict or Tuple observation's dict of tensors
+    (``common.tree.leaf_map``, restated: this module imports nothing of lockstep)."""
+    return {path: fn(x) for path, x in obs.items()} if isinstance(obs, dict) else fn(obs)
+
+
+def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor | dict[str, torch.Tensor],
+           actions: torch.Tensor,
            starts: torch.Tensor, initial_state: torch.Tensor, valid: torch.Tensor, old_logprob: torch.Tensor,
            advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, **settings) -> UpdateStats:
     """PPO on [T, N] sequences; ``settings``: see ``optimize``.
 
-    obs [T, N, *obs], actions [T, N, *act], starts [T, N] (episode starts, where the state resets),
-    initial_state [N, S], valid [T, N] (False past a slot cut short), the rest [T, N].
+    obs [T, N, *obs] (a Dict or Tuple observation: a dict of [T, N, *leaf]), actions [T, N, *act],
+    starts [T, N] (episode starts, where the state resets), initial_state [N, S], valid [T, N] (False past
+    a slot cut short), the rest [T, N].
     ``model.evaluate(obs, actions, starts, state)`` returns (log-prob, entropy, value), each [T, n].
 
     Minibatches are of whole slots, each replayed over its T steps (backpropagation through time).
@@ -161,16 +169,18 @@ def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor
     """
     if model.state_size == 0:
         B = int(valid.sum())
-        obs, actions, old_logprob, advantages, returns, old_value = (
-            x[valid][None] for x in (obs, actions, old_logprob, advantages, returns, old_value))  # [1, B, ...]
-        starts = torch.zeros((1, B), dtype=torch.bool, device=obs.device)
-        initial_state, valid = initial_state.new_zeros((B, 0)), torch.ones((1, B), dtype=torch.bool, device=obs.device)
+        obs = _each_leaf(lambda x: x[valid][None], obs)  # [1, B, ...]
+        actions, old_logprob, advantages, returns, old_value = (
+            x[valid][None] for x in (actions, old_logprob, advantages, returns, old_value))  # [1, B, ...]
+        starts = torch.zeros((1, B), dtype=torch.bool, device=valid.device)
+        initial_state = initial_state.new_zeros((B, 0))
+        valid = torch.ones((1, B), dtype=torch.bool, device=valid.device)
 
     every_sample_valid = bool(valid.all())  # then selecting the valid samples is a reshape
 
     def minibatch(slots: torch.Tensor) -> Minibatch:
         new_logprob, entropy, new_value = model.evaluate(
-            obs[:, slots], actions[:, slots], starts[:, slots], initial_state[slots])  # [T, n] each
+            _each_leaf(lambda x: x[:, slots], obs), actions[:, slots], starts[:, slots], initial_state[slots])
         columns = (new_logprob, old_logprob[:, slots], advantages[:, slots], new_value, old_value[:, slots],
                    returns[:, slots], entropy)
         if every_sample_valid:
@@ -178,4 +188,4 @@ def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor
         keep = valid[:, slots]  # [T, n] -> the minibatch's samples
         return tuple(x[keep] for x in columns)
 
-    return optimize(model, optimizer, minibatch, obs.shape[1], device=obs.device, **settings)
+    return optimize(model, optimizer, minibatch, valid.shape[1], device=valid.device, **settings)

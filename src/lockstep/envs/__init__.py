@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -49,60 +49,16 @@ from lockstep.envs.atari import make_atari
 from lockstep.envs.masked import make_masked
 from lockstep.envs.minatar import make_minatar
 
-
-@dataclass(frozen=True)
-class SpaceSpec:
-    """What the learner and the actor must agree on about one space."""
-
-    kind: str  # "discrete" or "box"
-    shape: tuple[int, ...]
-    dtype: str
-    n: int = 0  # discrete only
-    low: np.ndarray | None = field(default=None, compare=False)  # box only
-    high: np.ndarray | None = field(default=None, compare=False)  # box only
-
-    @classmethod
-    def from_space(cls, space: gym.Space) -> SpaceSpec:
-        if isinstance(space, gym.spaces.Discrete):
-            if int(space.start) != 0:
-                raise ValueError(f"Discrete spaces must start at 0, got start={space.start}")
-            return cls("discrete", (), np.dtype(space.dtype).name, n=int(space.n))
-        if isinstance(space, gym.spaces.Box):
-            return cls(
-                "box", tuple(space.shape), np.dtype(space.dtype).name,
-                low=np.asarray(space.low), high=np.asarray(space.high),
-            )
-        raise ValueError(f"unsupported space {space}: lockstep handles Discrete and Box spaces")
-
-    @property
-    def discrete(self) -> bool:
-        return self.kind == "discrete"
-
-    @property
-    def action_dtype(self) -> np.dtype:
-        """The dtype actions from this space travel and are stored in: int64 for Discrete, float32 for Box."""
-        return np.dtype(np.int64) if self.discrete else np.dtype(np.float32)
-
-    @property
-    def element_shape(self) -> tuple[int, ...]:
-        """The shape of one value: () for Discrete, the Box's shape otherwise."""
-        return () if self.discrete else tuple(self.shape)
-
-    def describe(self) -> str:
-        if self.kind == "discrete":
-            return f"Discrete({self.n})"
-        return f"Box(shape={self.shape}, dtype={self.dtype})"
-
-    def mismatch(self, other: SpaceSpec) -> str | None:
-        """A description of how ``other`` differs from this spec, or None if they agree."""
-        if (self.kind, self.shape, self.dtype, self.n) != (other.kind, other.shape, other.dtype, other.n):
-            return f"{other.describe()} does not match {self.describe()}"
-        if self.kind == "box" and not (
-            np.array_equal(self.low, other.low) and np.array_equal(self.high, other.high)
-        ):
-            return (f"bounds of {other.describe()} differ: low {other.low} high {other.high}, "
-                    f"expected low {self.low} high {self.high}")
-        return None
+# re-exported: the spaces' descriptions are part of what an env is to the rest of lockstep
+from lockstep.envs.spaces import SpaceSpec as SpaceSpec
+from lockstep.envs.spaces import action_entries as action_entries
+from lockstep.envs.spaces import action_spec as action_spec
+from lockstep.envs.spaces import env_actions as env_actions
+from lockstep.envs.spaces import from_leaves as from_leaves
+from lockstep.envs.spaces import leaf_choices as leaf_choices
+from lockstep.envs.spaces import stack_records as stack_records
+from lockstep.envs.spaces import to_records as to_records
+from lockstep.envs.spaces import with_action_mask as with_action_mask
 
 
 @dataclass(frozen=True)
@@ -240,11 +196,15 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return FinishedEpisodes(envs)
 
 
-def env_spec(env_id: str) -> EnvSpec:
-    """The spaces of one environment of ``env_id``."""
+def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mask_key: str = "") -> EnvSpec:
+    """The spaces of one environment of ``env_id``; ``obs_keys`` (``env.obs_keys``) keeps those keys of a
+    Dict observation, whose leaf ``action_mask_key`` (``env.action_mask_key``), if it has one, masks the
+    actions (``spaces.with_action_mask``)."""
     env: Any = resolve_env(env_id)()
     try:
-        return EnvSpec(env_id, SpaceSpec.from_space(env.observation_space), SpaceSpec.from_space(env.action_space))
+        action = action_spec(env.action_space)
+        observation = SpaceSpec.from_space(env.observation_space, obs_keys)
+        return EnvSpec(env_id, with_action_mask(observation, action, action_mask_key), action)
     finally:
         env.close()
 

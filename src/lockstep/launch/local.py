@@ -49,9 +49,10 @@ def launcher(config: Config, run_dir: Path, token: str | None) -> Launcher:
     if actors.launcher == "ray":
         return RayActors(config, run_dir, token, policy)
     if config.actors.transport == "inprocess":
-        return InProcessActors(env.id, actors.envs_per_actor, list(range(actors.count)), policy)
+        return InProcessActors(env.id, actors.envs_per_actor, list(range(actors.count)), policy, tuple(env.obs_keys))
     tls = config.learner.tls_cert or None
-    options = [ActorOptions(learner="", env=env.id, envs_per_actor=actors.envs_per_actor, actor_id=i, token=token,
+    options = [ActorOptions(learner="", env=env.id, obs_keys=tuple(env.obs_keys), envs_per_actor=actors.envs_per_actor,
+                            actor_id=i, token=token,
                             tls_ca=tls, tls_server_name="localhost" if tls else None) for i in range(actors.count)]
     return ActorProcesses(options, policy,
                           address=lambda learner: _local_actor_address(config, learner.port, learner.local_address))

@@ -120,7 +120,8 @@ class RayActors:
                             max_task_retries=0)(RayActor)  # calls are not retried: `check` calls `run` again
         level = logging.getLogger().getEffectiveLevel()
         for i in range(actors.count):
-            options = ActorOptions(learner=address, env=env.id, envs_per_actor=actors.envs_per_actor, actor_id=i,
+            options = ActorOptions(learner=address, env=env.id, obs_keys=tuple(env.obs_keys),
+                                   envs_per_actor=actors.envs_per_actor, actor_id=i,
                                    token=self.token, tls_server_name="localhost" if ca and self._own else None)
             actor = _Actor(i, remote.remote(options, level, ca))
             self._call(actor)

@@ -23,11 +23,19 @@ batch_NNNNNN.npz    iteration N's training batch: obs [T, N, *obs], actions [T, 
                     trained_by (the version the update started from), strategy (the sync name),
                     max_lag (the strategy's bound on trained_by - version; -1: unbounded);
                     recurrent policies also: initial_state [N, S] (each slot's state at
-                    its first step), starts [T, N] (steps whose state was reset: an episode began)
+                    its first step), starts [T, N] (steps whose state was reset: an episode began);
+                    a Dict or Tuple observation: obs/PATH [T, N, *leaf] for each leaf instead of obs
 config.yaml         the run's configuration (environment, model, synchronization)
 """
 
 UNBOUNDED = -1  # max_lag in a batch file of a strategy that does not bound the lag
+
+
+def observation_arrays(obs: np.ndarray) -> dict[str, np.ndarray]:
+    """The batch file's observation arrays: ``obs``, or ``obs/PATH`` per leaf for the records of a tree."""
+    if obs.dtype.names:
+        return {f"obs/{path}": obs[path] for path in obs.dtype.names}
+    return {"obs": obs}
 
 
 class AuditWriter:
@@ -57,7 +65,7 @@ class AuditWriter:
         has_state = batch.initial_state.shape[1] > 0
         recurrent = {"initial_state": batch.initial_state, "starts": batch.starts} if has_state else {}
         atomic_write(self.directory / f"batch_{iteration:06d}.npz", lambda f: np.savez_compressed(
-            f, obs=batch.obs, actions=batch.actions, logprobs=batch.logprobs, versions=batch.versions,
+            f, **observation_arrays(batch.obs), actions=batch.actions, logprobs=batch.logprobs, versions=batch.versions,
             lengths=batch.lengths, trained_by=np.int64(trained_by), strategy=np.str_(strategy),
             max_lag=np.int64(UNBOUNDED if bound is None else bound), **recurrent,
         ))

@@ -275,20 +275,19 @@ class _Evaluation:
     def _play(self, request: dict[str, Any], video: Path | None) -> list:
         import torch
 
-        from lockstep.envs import SpaceSpec
-        from lockstep.tools.eval import make, play
+        from lockstep.algo.normalize import stored_moments
+        from lockstep.tools.eval import env_specs, make, play
         from lockstep.tools.policy import load_policy
 
         env = make(self.config.env.id, video is not None)
         try:
-            rms = request["obs_rms"]
+            specs = env_specs(env, self.config.env)
+            mean, var = stored_moments(request["obs_rms"])  # of the whole observation, or of each Box leaf
             parameters = {k: torch.from_numpy(v) for k, v in request["parameters"].items()}
-            model, normalize = load_policy(self.config, SpaceSpec.from_space(env.observation_space),
-                                           SpaceSpec.from_space(env.action_space), parameters,
-                                           None if rms is None else rms["mean"], None if rms is None else rms["var"],
-                                           torch.device("cpu"), f"version {request['version']}")
-            return play(env, self.config.env.id, model, normalize, self.episodes, self.deterministic, self.seed,
-                        torch.device("cpu"), video)
+            model, normalize = load_policy(self.config, *specs, parameters, mean, var, torch.device("cpu"),
+                                           f"version {request['version']}")
+            return play(env, self.config.env.id, model, normalize, specs, self.episodes, self.deterministic,
+                        self.seed, torch.device("cpu"), video)
         finally:
             env.close()
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from lockstep.algo import noise
-from lockstep.algo.normalize import ObsNormalizer
+from lockstep.algo.normalize import ObsNormalizer, as_tensors, copy_moments
 from lockstep.models import Policy
 
 _TINY = float(np.finfo(np.float32).tiny)
@@ -40,7 +40,7 @@ def act(model: Policy, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.nd
     the same action from the same parameters and noise.
     """
     with torch.inference_mode():
-        x = normalize(torch.as_tensor(obs, device=device))
+        x = normalize(as_tensors(obs, device))
         h = torch.as_tensor(state, dtype=torch.float32, device=device)
         action, logprob, value, after = model.step(x, _noise(uniform, device), h)
         return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy(), after.cpu().numpy()
@@ -54,14 +54,13 @@ def _noise(uniform: np.ndarray, device: torch.device) -> torch.Tensor:
 class PolicySnapshot:
     """Version ``version`` of the policy, frozen."""
 
-    def __init__(self, version: int, model: Policy, obs_mean: np.ndarray | None,
-                 obs_var: np.ndarray | None, clip_obs: float, device: torch.device) -> None:
+    def __init__(self, version: int, model: Policy, obs_mean: np.ndarray | dict | None,
+                 obs_var: np.ndarray | dict | None, clip_obs: float, device: torch.device) -> None:
         self.version = version
         self.device = device
         self.model = copy.deepcopy(model).to(device).eval().requires_grad_(False)
         self.normalize = ObsNormalizer(obs_mean, obs_var, clip_obs, device)
-        self.obs_mean = None if obs_mean is None else np.array(obs_mean)
-        self.obs_var = None if obs_var is None else np.array(obs_var)
+        self.obs_mean, self.obs_var = copy_moments(obs_mean), copy_moments(obs_var)
 
     @property
     def state_size(self) -> int:

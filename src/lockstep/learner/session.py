@@ -37,7 +37,7 @@ from lockstep.observe.metrics import EpisodeTracker
 from lockstep.observe.report import Clock, Counters, ReleaseLatency
 from lockstep.sync import Admission, AdmissionGate
 from lockstep.transport import PROTOCOL
-from lockstep.transport.messages import HelloInfo, StepData
+from lockstep.transport.messages import HelloInfo, StepData, check_action_mask
 from lockstep.transport.protocol import (
     ALREADY_EXISTS,
     FAILED_PRECONDITION,
@@ -202,7 +202,7 @@ class Session:
         self.state = np.zeros((self.num_envs, sessions.backend.state_size), np.float32)
         self.replaced_by: str | None = None  # the connection that replaced this one: "run ID from PEER"
         spec = sessions.spec
-        self._shapes = (spec.observation.shape, np.dtype(spec.observation.dtype),
+        self._shapes = (spec.observation.shape, spec.observation.array_dtype,
                         spec.action.element_shape, spec.action.action_dtype)
         self._held: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -218,6 +218,7 @@ class Session:
         if sessions.finished:
             return None
         if self.pending is None:
+            check_action_mask(data.obs, sessions.spec.observation)  # the learner's spec knows the mask
             admission = await self._admit(data)
             self._check_replaced()
             if admission is None:

@@ -9,13 +9,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from lockstep.algo import ppo
-from lockstep.algo.normalize import ObsNormalizer, RunningMeanStd
+from lockstep.algo.normalize import (
+    LeafStatistics,
+    ObsNormalizer,
+    RunningMeanStd,
+    as_tensors,
+    observation_statistics,
+)
 from lockstep.config import Config
 from lockstep.envs import EnvSpec
 from lockstep.learner.distributed import Ranks
@@ -40,6 +46,8 @@ class TrainStats:
     train_s: float
     lr: float
     update: ppo.UpdateStats
+    # an action of several parts: the mean entropy of each (a MultiDiscrete's dimensions, a Dict's leaves)
+    entropy_by_entry: dict[str, float] = field(default_factory=dict)
 
 
 class RewardScaler:
@@ -140,7 +148,8 @@ class Trainer:
         if ranks is not None:
             ranks.broadcast(self.model)
         self.optimizer = adam(list(self.model.parameters()), config.ppo.lr, config.ppo.adam_eps)
-        self.obs_rms = RunningMeanStd(spec.observation.shape) if config.env.normalize_obs else None
+        self.spec = spec
+        self.obs_rms = observation_statistics(spec.observation) if config.env.normalize_obs else None
         self.reward_scaler = (RewardScaler(config.ppo.gamma, config.env.clip_reward, self._update_rms)
                               if config.env.normalize_reward else None)
         self.generator = torch.Generator().manual_seed(config.run.seed)
@@ -185,7 +194,7 @@ class Trainer:
             return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=dev)
 
         normalize = self.normalizer()
-        obs = normalize(as_t(batch.obs))  # [T, N, *obs], with the statistics the batch was collected with
+        obs = normalize(as_tensors(batch.obs, dev))  # [T, N, *obs], with the statistics the batch was collected with
         values = as_t(batch.values)  # [T, N]
         rewards = as_t(self.reward_scaler.scale(batch) if self.reward_scaler else batch.rewards)
         model = self.model
@@ -196,18 +205,20 @@ class Trainer:
             # step (a cut at each slot's length) and each step before an episode start (truncations)
             after = model.states(obs, starts, initial_state, cuts=set(batch.lengths.tolist()))
             next_values, continues = bootstrap(
-                batch, values, lambda o, t, n: model.value_after(normalize(as_t(o)), after[t, n]))
+                batch, values, lambda o, t, n: model.value_after(normalize(as_tensors(o, dev)), after[t, n]))
             advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
         lr = self._apply_learning_rate()
-        actions = as_t(batch.actions, torch.long if model.discrete else torch.float32)  # [T, N, *act]
+        actions = as_t(batch.actions, torch.long if model.action_long else torch.float32)  # [T, N, *act]
         logprobs = as_t(batch.logprobs)  # [T, N]
         model.train()
         keep = torch.as_tensor(valid, device=dev)  # [T, N]; False past a cut
         stats = ppo.update(model, self.optimizer, obs, actions, starts, initial_state, keep, logprobs, advantages,
                            returns, values, **self._settings())
+        with torch.no_grad():  # an action of several parts: each part's entropy, after the update
+            entropies = model.entropy_by_entry(obs, starts, initial_state, keep)
         if self.obs_rms is not None:
-            self._update_rms(self.obs_rms, batch.obs[valid])
-        return self._advance(batch, lag, start, lr, stats)
+            self._update_obs_rms(batch.obs[valid])
+        return self._advance(batch, lag, start, lr, stats, entropies)
 
     def train_empty(self) -> TrainStats:
         """Several learners: this one's phase closed with no data, and it takes part in the update with
@@ -219,7 +230,7 @@ class Trainer:
         self.model.train()
         stats = ppo.optimize(self.model, self.optimizer, lambda idx: (), 0, device=self.device, **self._settings())
         if self.obs_rms is not None:
-            self._update_rms(self.obs_rms, np.zeros((0, *self.obs_rms.mean.shape)))
+            self._update_obs_rms(np.zeros(0, self.spec.observation.array_dtype))
         return self._advance(None, np.zeros(0, np.int64), start, lr, stats)
 
     def _settings(self) -> dict:
@@ -231,6 +242,14 @@ class Trainer:
         if ranks is not None:
             settings.update(reduce_gradients=lambda n: ranks.reduce_gradients(self.model, n), agree=ranks.mean)
         return settings
+
+    def _update_obs_rms(self, obs: np.ndarray) -> None:
+        """Fold observations [B, *obs] into the observation statistics: of each normalized leaf of a tree."""
+        if isinstance(self.obs_rms, LeafStatistics):
+            for path, rms in self.obs_rms.leaves.items():
+                self._update_rms(rms, obs[path])
+        else:
+            self._update_rms(self.obs_rms, obs)
 
     def _update_rms(self, rms: RunningMeanStd, x: np.ndarray) -> None:
         """Fold ``x`` into ``rms``; with several learners, every learner's rows, in rank order."""
@@ -254,7 +273,7 @@ class Trainer:
         return lag
 
     def _advance(self, batch: Batch | None, lag: np.ndarray, start: float, lr: float,
-                 update: ppo.UpdateStats) -> TrainStats:
+                 update: ppo.UpdateStats, entropies: dict[str, float] | None = None) -> TrainStats:
         """Count the batch and move to the next version. ``env_steps`` counts every learner's samples:
         the learning-rate schedule and the step budget are the run's, not one learner's."""
         if self.ranks is not None:  # after every update, on every learner: the parameters must be identical
@@ -274,7 +293,7 @@ class Trainer:
         return TrainStats(
             version=trained_version, samples=size, off_policy_samples=int(np.count_nonzero(lag)),
             policy_lag_mean=float(lag.mean()) if len(lag) else 0.0, policy_lag_max=int(lag.max(initial=0)),
-            train_s=time.perf_counter() - start, lr=lr, update=update,
+            train_s=time.perf_counter() - start, lr=lr, update=update, entropy_by_entry=entropies or {},
         )
 
     def skip(self) -> None:

@@ -1,8 +1,9 @@
 """Which policy a config names: ``build_policy`` for the built-in family or a user's factory.
 
-An MLP for flat observations, the Nature CNN for Atari frames, a small CNN for MinAtar, each
-optionally followed by an LSTM (``model.lstm_size``); or ``model.policy``'s factory
-(``package.module:name`` or ``file.py:name``), found by ``load_factory``.
+An MLP for flat observations, the Nature CNN for Atari frames, a small CNN for MinAtar, per-leaf
+encoders and the MLP for Dict and Tuple observations (``encoders``), each optionally followed by an
+LSTM (``model.lstm_size``); or ``model.policy``'s factory (``package.module:name`` or ``file.py:name``),
+found by ``load_factory``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from torch import nn
 
 from lockstep.config import ModelConfig, setting_of
 from lockstep.envs import SpaceSpec
+from lockstep.models.encoders import LeafEncoders
 from lockstep.models.feedforward import ActorCritic, TorsoActorCritic
 from lockstep.models.networks import mlp_torso, nature_cnn, small_cnn
 from lockstep.models.policy import Policy
@@ -24,16 +27,26 @@ from lockstep.models.recurrent import RecurrentPolicy
 
 def torso_kind(observation: SpaceSpec, kind: str) -> str:
     """``model.kind`` resolved: auto takes a CNN for image observations [C, H, W] (the Nature CNN from
-    36 pixels up, the small MinAtar CNN below) and the MLP for everything else."""
+    36 pixels up, the small MinAtar CNN below) and the MLP for everything else (for a Dict or Tuple
+    observation: after the per-leaf encoders)."""
     if kind != "auto":
         return kind
+    if observation.tree:
+        return "mlp"
     if len(observation.shape) == 3:
         return "nature-cnn" if min(observation.shape[1:]) >= 36 else "small-cnn"
     return "mlp"
 
 
 def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Policy:
-    """The policy the config names, for these spaces: ``model.policy``'s factory, or the built-in family."""
+    """The policy the config names, for these spaces: ``model.policy``'s factory, or the built-in family;
+    either masks its actions with the observation's action mask, if it has one."""
+    policy = _build(observation, action, model)
+    policy.action_mask = observation.mask
+    return policy
+
+
+def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Policy:
     if model.policy:
         policy = load_factory(model.policy)(observation, action, model)
         if not isinstance(policy, Policy):
@@ -41,7 +54,14 @@ def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) 
                             "lockstep.Policy (subclass lockstep.Policy: docs/custom-policy.md)")
         return policy
     kind = torso_kind(observation, model.kind)
-    if kind in ("nature-cnn", "small-cnn"):
+    if observation.tree:
+        if kind != "mlp":
+            raise ValueError(f"model.kind {kind} takes one image; a Dict or Tuple observation gets an encoder per "
+                             "leaf (a CNN for each image leaf) before the MLP: set model.kind to auto or mlp")
+        encoders = LeafEncoders(observation)
+        trunk, width = mlp_torso(encoders.width, model.hidden, model.activation)
+        torso: nn.Module = nn.Sequential(encoders, trunk)
+    elif kind in ("nature-cnn", "small-cnn"):
         if len(observation.shape) != 3:
             raise ValueError(f"model.kind {kind} needs image observations [C, H, W], got shape {observation.shape}")
         make = nature_cnn if kind == "nature-cnn" else small_cnn

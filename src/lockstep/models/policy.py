@@ -13,7 +13,10 @@ empty [N, 0] tensor that goes in and comes out unchanged, so no caller asks whic
 Actions are sampled from externally supplied uniform noise (``algo/noise.py``) rather than a global
 RNG, so each env slot draws from its own reproducible stream whatever batch its request lands in.
 The heads here (Categorical for Discrete, a diagonal Gaussian for Box) hold the one formula for the
-behaviour log-prob at inference and for the recomputed one in training and the audit.
+behaviour log-prob at inference and for the recomputed one in training and the audit. The other action
+spaces are made of those: a MultiDiscrete is a Categorical per entry, a MultiBinary a Categorical of 2
+per bit, a Dict or Tuple its leaves' heads side by side; their log-probs and entropies are summed over
+the entries (``Heads``).
 """
 
 from __future__ import annotations
@@ -25,9 +28,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from lockstep.envs import SpaceSpec
+from lockstep.common.tree import first_leaf, leaf_map
+from lockstep.envs import SpaceSpec, action_entries, leaf_choices
 
 LOG_2PI = math.log(2 * math.pi)
+# the logit of a choice an action mask forbids: finite, so that its probability is exactly 0 (and 0 * log 0
+# in the entropy is 0, not NaN), and far below what Gumbel noise of float32 uniforms reaches (under 17)
+MASKED = -1e8
 
 
 class Policy(nn.Module):
@@ -40,18 +47,29 @@ class Policy(nn.Module):
     """
 
     state_size = 0
+    action_mask = ""  # the observation leaf that masks the action's choices (``build_policy`` sets it), or none
 
     def __init__(self, action: SpaceSpec, init_log_std: float = 0.0) -> None:
         super().__init__()
         self.discrete = action.discrete
-        self.action_dim = action.n if self.discrete else int(np.prod(action.shape))
-        self.action_shape = () if self.discrete else tuple(action.shape)
-        if not self.discrete:
-            self.log_std = nn.Parameter(torch.full((self.action_dim,), float(init_log_std)))
+        self.action_shape = action.element_shape
+        # one Discrete or one Box: the heads below; any other space: ``Heads``, Categoricals and a Gaussian
+        self.heads = None if action.kind in ("discrete", "box") else Heads(action)
+        if self.heads is not None:
+            self.action_dim, gaussian = self.heads.width, self.heads.gaussian
+        else:
+            self.action_dim = action.n if self.discrete else int(np.prod(action.shape))
+            gaussian = 0 if self.discrete else self.action_dim
+        self.action_long = action.action_dtype == np.int64  # how stored actions become tensors
+        if gaussian:
+            self.log_std = nn.Parameter(torch.full((gaussian,), float(init_log_std)))
 
     @property
     def noise_width(self) -> int:
-        """Uniform numbers needed per sampled action."""
+        """Uniform numbers needed per sampled action: one per choice of each Categorical (Gumbel-max), two per
+        Gaussian dimension (Box-Muller)."""
+        if self.heads is not None:
+            return self.heads.noise_width
         return self.action_dim if self.discrete else 2 * self.action_dim
 
     def initial_state(self, slots: int) -> np.ndarray:
@@ -76,14 +94,14 @@ class Policy(nn.Module):
                           ) -> tuple[torch.Tensor, torch.Tensor]:
         """obs [T, N, *obs], starts [T, N] (the state resets there), state [N, S] -> head output
         [T * N, action_dim] and value [T * N], rows in (t, n) order."""
-        head, value = self.features(obs.reshape(-1, *obs.shape[2:]))  # the steps are independent
+        head, value = self.features(leaf_map(lambda x: x.reshape(-1, *x.shape[2:]), obs))  # the steps are independent
         return head, value
 
     def states(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor,
                cuts: Iterable[int] = ()) -> torch.Tensor:
         """[T, N, S] the state after each step where one is bootstrapped from (``RecurrentPolicy.core``)."""
         T, N = starts.shape
-        return torch.zeros((T, N, self.state_size), device=obs.device)  # nothing to carry: no forward pass
+        return torch.zeros((T, N, self.state_size), device=first_leaf(obs).device)  # nothing to carry: no forward pass
 
     # -- the API every caller uses -------------------------------------------------------------
 
@@ -93,6 +111,7 @@ class Policy(nn.Module):
         (already reset where episodes start) -> action [N, *act], log-prob [N], value [N], next state [N, S].
         """
         head, value, after = self.step_features(obs, state)
+        head = self.masked(head, obs)
         action, logprob = self.sample_head(head, noise)
         return action, logprob, value, after
 
@@ -102,6 +121,7 @@ class Policy(nn.Module):
         [T, N] of the given actions under the current parameters (a feedforward policy ignores starts, state)."""
         T, N = starts.shape
         head, value = self.sequence_features(obs, starts, state)
+        head = self.masked(head, obs)
         logprob, entropy = self.evaluate_head(head, actions.reshape(T * N, *actions.shape[2:]))
         return logprob.reshape(T, N), entropy.reshape(T, N), value.reshape(T, N)
 
@@ -110,13 +130,40 @@ class Policy(nn.Module):
         """One step of given actions, as ``step`` computed it: obs [N, *obs], actions [N, *act], state [N, S]
         -> log-prob [N], next state [N, S]."""
         head, _, after = self.step_features(obs, state)
+        head = self.masked(head, obs)
         return self.evaluate_head(head, actions)[0], after
 
     def mode(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The most likely action (argmax for Discrete, the Gaussian's mean for Box) [N, *act], next state."""
         head, _, after = self.step_features(obs, state)
+        head = self.masked(head, obs)
+        if self.heads is not None:
+            return self.heads.mode(head), after
         action = head.argmax(-1) if self.discrete else head.reshape(-1, *self.action_shape)
         return action, after
+
+    def entropy_by_entry(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor,
+                         valid: torch.Tensor) -> dict[str, float]:
+        """The mean entropy of each entry of an action made of parts (``Heads.labels``: a MultiDiscrete's
+        dimensions, a Dict's leaves) over the ``valid`` [T, N] steps of sequences obs [T, N, *obs]; {} for a
+        Discrete or Box action (its entropy is the one reported)."""
+        if self.heads is None:
+            return {}
+        head, _ = self.sequence_features(obs, starts, state)  # rows in (t, n) order
+        means = self.heads.entropies(head[valid.reshape(-1)], getattr(self, "log_std", None)).mean(0)
+        return dict(zip(self.heads.labels, means.tolist()))
+
+    def masked(self, head: torch.Tensor, obs: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        """Head output [B, action_dim] with the logits of choices the observation's action mask forbids
+        (``action_mask``: its leaf, [B, *mask] or [T, N, *mask] for rows in (t, n) order) set to ``MASKED``;
+        unchanged without a mask. Sampling, the stored log-prob, training, evaluation and the audit all pass
+        here, so all see the same distribution."""
+        if not self.action_mask:
+            return head
+        allowed = obs[self.action_mask].reshape(head.shape[0], -1) != 0  # [B, choices]
+        width = allowed.shape[1]
+        logits = head[:, :width].masked_fill(~allowed, MASKED)
+        return torch.cat([logits, head[:, width:]], -1) if head.shape[1] > width else logits
 
     def value_after(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """V [M] of observations [M, *obs] that follow states [M, S] (no reset): the bootstrap values."""
@@ -126,10 +173,11 @@ class Policy(nn.Module):
 
     def sample_head(self, out: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Head output [B, action_dim], noise [B, noise_width] -> action [B, *act], log-prob [B]."""
+        if self.heads is not None:
+            return self.heads.sample(out, uniform, getattr(self, "log_std", None))
         if self.discrete:
             logits = out.log_softmax(-1)  # [B, n]
-            gumbel = -torch.log(-torch.log(uniform))  # Gumbel-max: argmax(logits + g) ~ Categorical
-            action = (logits + gumbel).argmax(-1)
+            action = gumbel_argmax(logits, uniform)
             return action, logits.gather(-1, action[:, None]).squeeze(-1)
         u1, u2 = uniform[:, : self.action_dim], uniform[:, self.action_dim:]
         z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)  # Box-Muller: z ~ N(0, 1)
@@ -137,10 +185,13 @@ class Policy(nn.Module):
         # The log-prob of the float32 action that is returned and stored, not of z: with a small std
         # and a large mean the action keeps only part of z's precision, and training and the audit
         # recompute the log-prob from the stored action (``evaluate``), so the two must be one formula.
-        return action.reshape(-1, *self.action_shape), self._gaussian_logprob(out, action)
+        return action.reshape(-1, *self.action_shape), _gaussian(out, action, self.log_std)
 
     def evaluate_head(self, out: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Head output [B, action_dim], actions [B, *act] -> log-prob [B], entropy [B]."""
+        if self.heads is not None:
+            logprob, entropies = self.heads.evaluate(out, action, getattr(self, "log_std", None))
+            return logprob, entropies.sum(-1)
         if self.discrete:
             logits = out.log_softmax(-1)
             logprob = logits.gather(-1, action.long()[:, None]).squeeze(-1)
@@ -148,12 +199,104 @@ class Policy(nn.Module):
             return logprob, entropy
         a = action.reshape(action.shape[0], -1)
         entropy = (0.5 + 0.5 * LOG_2PI + self.log_std).sum().expand(a.shape[0])
-        return self._gaussian_logprob(out, a), entropy
+        return _gaussian(out, a, self.log_std), entropy
 
-    def _gaussian_logprob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """Log-density [B] of flat actions [B, d] under N(mean, exp(log_std)^2), summed over dimensions.
 
-        The one formula for the behaviour log-prob (``step``) and the recomputed one (``evaluate``),
-        so that on the same rows they are bit-identical.
-        """
-        return (-0.5 * ((action - mean) / self.log_std.exp()).pow(2) - self.log_std - 0.5 * LOG_2PI).sum(-1)
+def gumbel_argmax(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """A sample [B] of Categorical(logits) [B, n] from uniform noise [B, n] in (0, 1): Gumbel-max,
+    argmax(logits + g) with g = -log(-log(u)) Gumbel noise."""
+    return (logits + -torch.log(-torch.log(uniform))).argmax(-1)
+
+
+class Heads:
+    """The heads of an action made of parts (``envs.spaces.action_entries``): a Categorical per discrete
+    entry (Discrete: one, MultiDiscrete: one per element, MultiBinary: one of 2 per bit) and one diagonal
+    Gaussian over every Box element. The action is the flat vector of the entries, [B, D].
+
+    Head output [B, width]: each Categorical's logits in entry order, then the Gaussian's means.
+    Noise [B, noise_width]: each Categorical's Gumbel uniforms, then two per Gaussian dimension.
+    """
+
+    def __init__(self, action: SpaceSpec) -> None:
+        self.choices: list[int] = []  # per categorical entry
+        self.categorical_at: list[int] = []  # its position in the action vector
+        self.gaussian_at: list[int] = []  # positions of the Box elements
+        categorical, gaussian = [], []  # the entries' names: the leaf's path, [i] for each of several elements
+        for path, leaf, first, size in action_entries(action):
+            names = [path] if size == 1 else [f"{path}[{i}]" for i in range(size)]
+            if leaf.kind == "box":
+                self.gaussian_at += range(first, first + size)
+                gaussian += names
+                continue
+            self.choices += leaf_choices(leaf)
+            self.categorical_at += range(first, first + size)
+            categorical += names
+        self.labels = categorical + gaussian  # of the entropies, in ``entropies``' order
+        self.logits = sum(self.choices)
+        self.gaussian = len(self.gaussian_at)
+        self.width = self.logits + self.gaussian
+        self.noise_width = self.logits + 2 * self.gaussian
+        self.size = len(self.choices) + self.gaussian  # D
+        self.dtype = torch.float32 if self.gaussian else torch.long
+        self._cuts = np.cumsum([0, *self.choices]).tolist()
+
+    def _categoricals(self, out: torch.Tensor) -> list[torch.Tensor]:
+        """Each categorical entry's log-probabilities [B, n_i]."""
+        return [out[:, a:z].log_softmax(-1) for a, z in zip(self._cuts[:-1], self._cuts[1:])]
+
+    def sample(self, out: torch.Tensor, uniform: torch.Tensor, log_std: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head output [B, width], noise [B, noise_width] -> action [B, D], log-prob [B] (summed over entries)."""
+        action = torch.zeros((out.shape[0], self.size), dtype=self.dtype, device=out.device)
+        logprob = torch.zeros(out.shape[0], device=out.device)
+        for i, (logits, a, z) in enumerate(zip(self._categoricals(out), self._cuts[:-1], self._cuts[1:])):
+            choice = gumbel_argmax(logits, uniform[:, a:z])  # [B]
+            action[:, self.categorical_at[i]] = choice.to(self.dtype)
+            logprob = logprob + logits.gather(-1, choice[:, None]).squeeze(-1)
+        if self.gaussian:
+            mean, noise = out[:, self.logits:], uniform[:, self.logits:]
+            u1, u2 = noise[:, : self.gaussian], noise[:, self.gaussian:]
+            z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)  # Box-Muller: z ~ N(0, 1)
+            sampled = mean + log_std.exp() * z
+            action[:, self.gaussian_at] = sampled
+            # the log-prob of the stored float32 action, as ``Policy.sample_head`` computes it for a Box
+            logprob = logprob + _gaussian(mean, action[:, self.gaussian_at], log_std)
+        return action, logprob
+
+    def evaluate(self, out: torch.Tensor, action: torch.Tensor, log_std: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head output [B, width], actions [B, D] -> log-prob [B], entropies [B, E] (``entropies``: summed
+        for the loss, reported one by one)."""
+        logprob = torch.zeros(out.shape[0], device=out.device)
+        for i, logits in enumerate(self._categoricals(out)):
+            chosen = action[:, self.categorical_at[i]].long()
+            logprob = logprob + logits.gather(-1, chosen[:, None]).squeeze(-1)
+        if self.gaussian:
+            logprob = logprob + _gaussian(out[:, self.logits:], action[:, self.gaussian_at].float(), log_std)
+        return logprob, self.entropies(out, log_std)
+
+    def entropies(self, out: torch.Tensor, log_std: torch.Tensor | None) -> torch.Tensor:
+        """Head output [B, width] -> [B, E] the entropy of each entry (``labels``): each Categorical's, then
+        each Gaussian dimension's."""
+        columns = [-(logits.exp() * logits).sum(-1) for logits in self._categoricals(out)]
+        if self.gaussian:
+            columns += list((0.5 + 0.5 * LOG_2PI + log_std)[:, None].expand(self.gaussian, out.shape[0]))
+        return torch.stack(columns, -1)
+
+    def mode(self, out: torch.Tensor) -> torch.Tensor:
+        """The most likely action [B, D]: each Categorical's argmax, the Gaussian's mean."""
+        action = torch.zeros((out.shape[0], self.size), dtype=self.dtype, device=out.device)
+        for i, logits in enumerate(self._categoricals(out)):
+            action[:, self.categorical_at[i]] = logits.argmax(-1).to(self.dtype)
+        if self.gaussian:
+            action[:, self.gaussian_at] = out[:, self.logits:]
+        return action
+
+
+def _gaussian(mean: torch.Tensor, action: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """Log-density [B] of flat actions [B, d] under N(mean, exp(log_std)^2), summed over dimensions.
+
+    The one formula for the behaviour log-prob (``step``) and the recomputed one (``evaluate``),
+    so that on the same rows they are bit-identical.
+    """
+    return (-0.5 * ((action - mean) / log_std.exp()).pow(2) - log_std - 0.5 * LOG_2PI).sum(-1)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from lockstep.common.tree import first_leaf, leaf_map
 from lockstep.envs import SpaceSpec
 from lockstep.models.networks import layer
 from lockstep.models.policy import Policy
@@ -78,7 +79,7 @@ class RecurrentPolicy(Policy):
         rows of the returned states are NaN, so that reading one is loud.
         """
         T, B = starts.shape
-        x = self.torso(obs.reshape(T * B, *obs.shape[2:])).reshape(T, B, -1)  # [T, B, width]
+        x = self.torso(leaf_map(lambda o: o.reshape(T * B, *o.shape[2:]), obs)).reshape(T, B, -1)  # [T, B, width]
         h, c = state[None, :, : self.size], state[None, :, self.size:]  # [1, B, W] each
         bounds = sorted({0, T} | {int(t) for t in starts.any(1).nonzero().flatten()} | {t for t in cuts if 0 < t < T})
         outputs = []
@@ -92,7 +93,9 @@ class RecurrentPolicy(Policy):
 
     def step_features(self, obs: torch.Tensor, state: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out, after = self.core(obs[None], torch.zeros(1, obs.shape[0], device=obs.device), state)
+        leaf = first_leaf(obs)
+        out, after = self.core(leaf_map(lambda o: o[None], obs), torch.zeros(1, leaf.shape[0], device=leaf.device),
+                               state)
         out = out[0]  # [B, W]
         return self.actor(self._policy_in(out)), self.critic(self._value_in(out)).squeeze(-1), after[0]
 

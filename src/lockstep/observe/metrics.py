@@ -199,7 +199,9 @@ class MetricsWriter:
         if self._tb is not None:
             # One event per row with every scalar in it (TensorBoard reads each value as its own tag's
             # point): a tenth of the cost of an event per scalar, and the row is on the training path.
-            self._scalars(row, [key for key in COLUMNS[3:] if key not in EVAL_COLUMNS], int(row["env_steps"]))
+            per_part = [key for key in row if key.startswith("entropy/")]  # an action of several parts
+            self._scalars(row, [key for key in COLUMNS[3:] if key not in EVAL_COLUMNS] + per_part,
+                          int(row["env_steps"]))
             if row.get("eval_env_steps") is not None:
                 self._scalars(row, EVAL_COLUMNS[:2], int(row["eval_env_steps"]))
 

@@ -255,6 +255,8 @@ class Report:
             "approx_kl": stats.update.approx_kl,
             "clip_fraction": stats.update.clip_fraction,
             **_eval_columns(evaluated),
+            # an action of several parts: TensorBoard and W&B only (metrics.csv's columns are the same for every env)
+            **{f"entropy/{entry}": value for entry, value in stats.entropy_by_entry.items()},
         }
         self.metrics.write(row)
         if self.tracker is not None:

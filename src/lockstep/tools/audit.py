@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from lockstep import sync
-from lockstep.algo.normalize import ObsNormalizer
+from lockstep.algo.normalize import ObsNormalizer, as_tensors
 from lockstep.config import Config
 from lockstep.config import load as load_config
 from lockstep.envs import EnvSpec, env_spec
@@ -206,7 +206,7 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
     max_lag = configured.max_lag
     try:
         with np.load(path, allow_pickle=False) as data:
-            obs, actions = data["obs"], data["actions"]
+            obs, actions = _observations(data, spec), data["actions"]
             stored, stamps = data["logprobs"], data["versions"]
             lengths = data["lengths"] if "lengths" in data.files else np.full(stored.shape[-1], stored.shape[0])
             # a feedforward policy's batches hold no states: its state is [N, 0] and nothing resets
@@ -273,6 +273,21 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
     return result
 
 
+def _observations(data: np.lib.npyio.NpzFile, spec: EnvSpec) -> np.ndarray:
+    """The batch's observations [T, N, *obs]: ``obs``, or for a tree its leaves ``obs/PATH`` as records."""
+    if not spec.observation.tree:
+        return data["obs"]
+    leaves = [data[f"obs/{path}"] for path in spec.observation.paths()]  # a missing leaf: unreadable
+    if len({leaf.shape[:2] for leaf in leaves}) != 1 or any(
+            leaf.shape[2:] != spec_leaf.shape for leaf, (_, spec_leaf) in zip(leaves, spec.observation.leaves)):
+        raise ValueError(f"its observation leaves {[leaf.shape for leaf in leaves]} do not fit "
+                         f"{spec.observation.describe()}")
+    records = np.empty(leaves[0].shape[:2], spec.observation.array_dtype)
+    for path, leaf in zip(spec.observation.paths(), leaves):
+        records[path] = leaf
+    return records
+
+
 def _recompute(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: np.ndarray,
                initial_state: np.ndarray, starts: np.ndarray, policies: _Policies) -> np.ndarray:
     """[T, N] log-probs recomputed step by step as inference computed them: from each slot's stored
@@ -296,7 +311,7 @@ def _recompute(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: 
                     continue
                 model, normalize = policy
                 idx = torch.as_tensor(np.flatnonzero(rows))
-                logprob, after = model.evaluate_step(normalize(torch.as_tensor(obs[t, rows])),
+                logprob, after = model.evaluate_step(normalize(as_tensors(obs[t, rows], torch.device("cpu"))),
                                                      torch.as_tensor(actions[t, rows]), state[idx])
                 state[idx] = after
                 out[t, rows & known] = logprob.numpy()[known[rows]]
@@ -316,7 +331,7 @@ def check(run_dir: Path, tolerance: float = 1e-5) -> AuditReport:
         config = load_config(directory / "config.yaml")
     except Exception as err:
         raise AuditError(f"cannot read {directory / 'config.yaml'}: {err}") from err
-    spec = env_spec(config.env.id)
+    spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key)
     policies = _Policies(directory, config, spec)
     batches = []
     for path in directory.glob("batch_*.npz"):

@@ -40,10 +40,10 @@ import torch
 
 from lockstep import config as config_lib
 from lockstep.algo import noise
-from lockstep.algo.normalize import ObsNormalizer
+from lockstep.algo.normalize import ObsNormalizer, as_tensors, stored_moments
 from lockstep.common.device import resolve_device
 from lockstep.common.files import atomic_write
-from lockstep.envs import SpaceSpec, make_env
+from lockstep.envs import SpaceSpec, action_spec, env_actions, make_env, stack_records, with_action_mask
 from lockstep.learner import checkpoint as checkpoint_lib
 from lockstep.learner.inference import act
 from lockstep.models import Policy
@@ -101,11 +101,9 @@ def load_from_checkpoint(run_dir: Path, checkpoint: str | None, observation: Spa
     except FileNotFoundError as err:
         raise EvalError(f"{err}; pass --checkpoint FILE to use another" if checkpoint is None else str(err)) from err
     trainer = checkpoint_lib.load(path)["trainer"]
-    rms = trainer.get("obs_rms")
+    mean, var = stored_moments(trainer.get("obs_rms"))
     try:
-        model, normalize = load_policy(config, observation, action, trainer["model"],
-                                       None if rms is None else rms["mean"], None if rms is None else rms["var"],
-                                       device, str(path))
+        model, normalize = load_policy(config, observation, action, trainer["model"], mean, var, device, str(path))
     except PolicyMismatch as err:
         raise EvalError(str(err)) from err
     return config, model, normalize, path, int(trainer["iteration"])
@@ -126,28 +124,38 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
     if episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {episodes}")
     torch_device = resolve_device(device)
-    env_id = load_config(run_dir).env.id
+    env_config = load_config(run_dir).env
+    env_id = env_config.id
     env = make(env_id, video_dir is not None)
     try:
-        obs_spec = SpaceSpec.from_space(env.observation_space)
-        act_spec = SpaceSpec.from_space(env.action_space)
+        obs_spec, act_spec = env_specs(env, env_config)
         _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, obs_spec, act_spec,
                                                                     torch_device)
         report = Report(str(run_dir), str(path), iteration, env_id, deterministic, seed)
-        report.episodes = play(env, env_id, model, normalize, episodes, deterministic, seed, torch_device,
-                               video_dir, on_episode)
+        report.episodes = play(env, env_id, model, normalize, (obs_spec, act_spec), episodes, deterministic, seed,
+                               torch_device, video_dir, on_episode)
         return report
     finally:
         env.close()
 
 
-def play(env, env_id: str, model: Policy, normalize: ObsNormalizer, episodes: int, deterministic: bool, seed: int,
-         device: torch.device, video_dir: Path | None = None, on_episode=None) -> list[Episode]:
+def env_specs(env, env_config: config_lib.EnvConfig) -> tuple[SpaceSpec, SpaceSpec]:
+    """The observation and action specs of ``env`` as the run's actors described them: the Dict keys of
+    ``env.obs_keys`` kept, the action mask leaf marked."""
+    act_spec = action_spec(env.action_space)
+    obs_spec = with_action_mask(SpaceSpec.from_space(env.observation_space, env_config.obs_keys), act_spec,
+                                env_config.action_mask_key)
+    return obs_spec, act_spec
+
+
+def play(env, env_id: str, model: Policy, normalize: ObsNormalizer, specs: tuple[SpaceSpec, SpaceSpec],
+         episodes: int, deterministic: bool, seed: int, device: torch.device, video_dir: Path | None = None,
+         on_episode=None) -> list[Episode]:
     """The one episode loop (``lockstep eval`` and evaluation while training): ``episodes`` episodes of ``model``
-    on ``env`` (made by ``make(env_id, video_dir is not None)``), reset with ``seed`` once (module docstring).
-    ``on_episode(i, episode)`` is called as each ends."""
-    act_spec = SpaceSpec.from_space(env.action_space)
-    player = _Player(model, normalize, act_spec, deterministic, seed, device)
+    on ``env`` (made by ``make(env_id, video_dir is not None)``; ``specs`` from ``env_specs``), reset with ``seed``
+    once (module docstring). ``on_episode(i, episode)`` is called as each ends."""
+    obs_spec, act_spec = specs
+    player = _Player(model, normalize, act_spec, deterministic, seed, device, obs_spec)
     writer = _VideoWriter(video_dir, _fps(env_id, env)) if video_dir is not None else None
     played = []
     obs, _ = env.reset(seed=seed)
@@ -200,12 +208,10 @@ class _Player:
     """Chooses actions for one env: sampled with the learner's noise, or the mode."""
 
     def __init__(self, model: Policy, normalize: ObsNormalizer, action: SpaceSpec, deterministic: bool,
-                 seed: int, device: torch.device) -> None:
+                 seed: int, device: torch.device, observation: SpaceSpec) -> None:
         self.model, self.normalize, self.device, self.deterministic = model, normalize, device, deterministic
-        self.discrete = action.discrete
-        self.low = self.high = None
-        if not self.discrete:
-            self.low, self.high = action.low.astype(np.float32), action.high.astype(np.float32)
+        self.observation = observation  # a Dict or Tuple observation is turned into records, as the actor does
+        self.action = action
         self.keys = noise.slot_keys(seed, 0, 1)
         self.steps = 0
         self.state = model.initial_state(1)  # [1, S]
@@ -213,22 +219,29 @@ class _Player:
     def start_episode(self) -> None:
         self.state = self.model.initial_state(1)
 
-    def __call__(self, obs: np.ndarray) -> np.ndarray | int:
-        batch = np.asarray(obs)[None]  # [1, *obs]
+    def __call__(self, obs: np.ndarray) -> Any:
+        batch = stack_records([obs], self.observation)  # [1, *obs]; records for a Dict or Tuple observation
         if self.deterministic:
             action, self.state = self._mode(batch)
         else:
             uniform = noise.uniform(self.keys, np.array([self.steps], np.uint64), self.model.noise_width)
             action, _, _, self.state = act(self.model, self.normalize, batch, uniform, self.state, self.device)
         self.steps += 1
-        if self.discrete:
-            return int(action[0])
-        return np.clip(action[0], self.low, self.high)  # as the actor clips; the policy's mean may lie outside
+        # as the actor makes them of the learner's actions: Box parts clipped (the policy's mean may lie
+        # outside), flat vectors cut into the space's parts; then the one env's
+        chosen = env_actions(action, self.action)
+        if self.action.discrete:
+            return int(chosen[0])
+        if isinstance(chosen, dict):
+            return {path: part[0] for path, part in chosen.items()}
+        if isinstance(chosen, tuple):
+            return tuple(part[0] for part in chosen)
+        return chosen[0]
 
     def _mode(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The most likely action: obs [1, *obs] -> action [1, *act], next state [1, S]."""
         with torch.inference_mode():
-            x = self.normalize(torch.as_tensor(batch, device=self.device))
+            x = self.normalize(as_tensors(batch, self.device))
             action, after = self.model.mode(x, torch.as_tensor(self.state, device=self.device))
             return action.cpu().numpy(), after.cpu().numpy()
 

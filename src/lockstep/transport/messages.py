@@ -7,32 +7,63 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lockstep.envs import SpaceSpec
+from lockstep.envs import SpaceSpec, from_leaves
+from lockstep.envs.spaces import allowed_nothing
 from lockstep.transport import lockstep_pb2 as pb
-from lockstep.transport.codec import MAX_DIMS, CodecError, decode, encode
+from lockstep.transport.codec import ALLOWED_DTYPES, MAX_DIMS, CodecError, decode, encode
 
-_KINDS = {"discrete": pb.Space.DISCRETE, "box": pb.Space.BOX}
+_KINDS = {"discrete": pb.Space.DISCRETE, "box": pb.Space.BOX, "multi_discrete": pb.Space.MULTI_DISCRETE,
+          "multi_binary": pb.Space.MULTI_BINARY, "tree": pb.Space.TREE}
+MAX_LEAVES = 256  # leaves of one Dict/Tuple space in a hello: far above any real observation
 
 
 def space_to_proto(spec: SpaceSpec) -> pb.Space:
-    msg = pb.Space(kind=_KINDS[spec.kind], shape=spec.shape, dtype=spec.dtype, n=spec.n)
+    msg = pb.Space(kind=_KINDS[spec.kind], shape=spec.shape, dtype=spec.dtype, n=spec.n, nvec=spec.nvec)
     if spec.kind == "box":
         msg.low.CopyFrom(encode(spec.low))
         msg.high.CopyFrom(encode(spec.high))
+    for path, leaf in spec.leaves:
+        msg.leaves.add(path=path, space=space_to_proto(leaf))
     return msg
 
 
 def space_from_proto(msg: pb.Space, name: str) -> SpaceSpec:
+    """The spec a hello's space describes (its sizes already bounded by ``check_hello``)."""
+    if msg.kind == pb.Space.TREE:
+        if not msg.leaves:
+            raise CodecError(f"{name}: a Dict or Tuple space needs at least one leaf")
+        paths = [leaf.path for leaf in msg.leaves]
+        if len(set(paths)) != len(paths) or "" in paths:
+            raise CodecError(f"{name}: leaf paths {paths} must be distinct and non-empty")
+        leaves = []
+        for leaf in msg.leaves:
+            if leaf.space.kind == pb.Space.TREE:
+                raise CodecError(f"{name}: leaf {leaf.path!r} is itself a tree; list the leaves of nested "
+                                 "spaces by their paths")
+            leaves.append((leaf.path, space_from_proto(leaf.space, f"{name}.leaf {leaf.path!r}")))
+        return SpaceSpec("tree", (), "record", leaves=tuple(leaves))
+    if msg.leaves:
+        raise CodecError(f"{name}: only a Dict or Tuple space (kind TREE) has leaves")
+    if msg.dtype not in ALLOWED_DTYPES:
+        raise CodecError(f"{name}: dtype {msg.dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
+    shape = tuple(int(d) for d in msg.shape)
     if msg.kind == pb.Space.DISCRETE:
         if msg.n < 1:
             raise CodecError(f"{name}: a Discrete space needs n >= 1, got {msg.n}")
         return SpaceSpec("discrete", (), msg.dtype, n=int(msg.n))
     if msg.kind == pb.Space.BOX:
-        shape = tuple(int(d) for d in msg.shape)
         low = decode(msg.low, f"{name}.low", shape=shape)
         high = decode(msg.high, f"{name}.high", shape=shape)
         return SpaceSpec("box", shape, msg.dtype, low=low, high=high)
-    raise CodecError(f"{name}: unknown space kind {msg.kind}; expected DISCRETE or BOX")
+    if msg.kind == pb.Space.MULTI_DISCRETE:
+        if len(msg.nvec) != math.prod(shape) or min(msg.nvec, default=1) < 1:
+            raise CodecError(f"{name}: a MultiDiscrete space of shape {list(shape)} needs {math.prod(shape)} "
+                             f"choice counts of at least 1, got {list(msg.nvec)}")
+        return SpaceSpec("multi_discrete", shape, msg.dtype, nvec=tuple(int(v) for v in msg.nvec))
+    if msg.kind == pb.Space.MULTI_BINARY:
+        return SpaceSpec("multi_binary", shape, msg.dtype)
+    raise CodecError(f"{name}: unknown space kind {msg.kind}; expected DISCRETE, BOX, MULTI_DISCRETE, "
+                     "MULTI_BINARY or TREE")
 
 
 @dataclass(frozen=True)
@@ -76,14 +107,35 @@ def check_hello(msg: pb.Hello, limits: HelloLimits) -> None:
         raise CodecError(f"hello.num_envs: {msg.num_envs} envs, over the limit of {limits.max_envs} per actor "
                          "(learner.max_envs_per_actor); run more actors with fewer envs each")
     for field, space in (("observation_space", msg.observation_space), ("action_space", msg.action_space)):
-        if len(space.shape) > MAX_DIMS:
-            raise CodecError(f"hello.{field}: {len(space.shape)} dimensions, over the limit of {MAX_DIMS}")
-        if any(d < 0 for d in space.shape):
-            raise CodecError(f"hello.{field}: negative shape {list(space.shape)}")
-        elements = max(math.prod(space.shape), space.n)
-        if elements > limits.max_space_elements:
-            raise CodecError(f"hello.{field}: {elements} elements (shape {list(space.shape)}, n {space.n}), over "
-                             f"the limit of {limits.max_space_elements} (learner.max_space_elements)")
+        _check_space_sizes(space, f"hello.{field}", limits)
+
+
+def _check_space_sizes(space: pb.Space, name: str, limits: HelloLimits) -> None:
+    """Bound a hello's space and each of its leaves: leaves, path lengths, dimensions, and elements in all
+    (with the one-hot widths of discrete leaves, which the policy allocates)."""
+    if len(space.leaves) > MAX_LEAVES:
+        raise CodecError(f"{name}: {len(space.leaves)} leaves, over the limit of {MAX_LEAVES}")
+    parts = [(name, space)]
+    for i, leaf in enumerate(space.leaves):
+        if len(leaf.path) > limits.max_id_length or len(leaf.space.dtype) > limits.max_id_length:
+            raise CodecError(f"{name}: leaf {i}'s path or dtype is over the limit of {limits.max_id_length} "
+                             "characters (learner.max_id_length)")
+        if leaf.space.leaves:
+            raise CodecError(f"{name}: leaf {leaf.path!r} has leaves of its own; list nested leaves by their paths")
+        parts.append((f"{name}.leaf {leaf.path!r}", leaf.space))
+    total = 0
+    for where, part in parts:
+        if len(part.shape) > MAX_DIMS:
+            raise CodecError(f"{where}: {len(part.shape)} dimensions, over the limit of {MAX_DIMS}")
+        if any(d < 0 for d in part.shape):
+            raise CodecError(f"{where}: negative shape {list(part.shape)}")
+        if len(part.nvec) > limits.max_space_elements:
+            raise CodecError(f"{where}: {len(part.nvec)} choice counts, over the limit of "
+                             f"{limits.max_space_elements} (learner.max_space_elements)")
+        total += max(math.prod(part.shape), part.n, sum(max(0, v) for v in part.nvec))
+        if total > limits.max_space_elements:
+            raise CodecError(f"{where}: {total} elements (shape {list(part.shape)}, n {part.n}) in the space so "
+                             f"far, over the limit of {limits.max_space_elements} (learner.max_space_elements)")
 
 
 def hello_from_proto(msg: pb.Hello, limits: HelloLimits = DEFAULT_HELLO_LIMITS, peer: str = "") -> HelloInfo:
@@ -117,11 +169,18 @@ class StepData:
 
 def step_to_proto(obs, reward, terminated, truncated, final_index, final_obs,
                   episode_return, episode_length) -> pb.Step:
-    return pb.Step(
-        observation=encode(obs), reward=encode(reward), terminated=encode(terminated),
-        truncated=encode(truncated), final_index=encode(final_index), final_observation=encode(final_obs),
-        episode_return=encode(episode_return), episode_length=encode(episode_length),
-    )
+    """The Step message; the records of a Dict or Tuple observation (``envs.spaces``) go leaf by leaf."""
+    msg = pb.Step(reward=encode(reward), terminated=encode(terminated), truncated=encode(truncated),
+                  final_index=encode(final_index), episode_return=encode(episode_return),
+                  episode_length=encode(episode_length))
+    if obs.dtype.names:
+        msg.observation_leaves.extend(encode(np.ascontiguousarray(obs[leaf])) for leaf in obs.dtype.names)
+        msg.final_observation_leaves.extend(encode(np.ascontiguousarray(final_obs[leaf]))
+                                            for leaf in final_obs.dtype.names)
+    else:
+        msg.observation.CopyFrom(encode(obs))
+        msg.final_observation.CopyFrom(encode(final_obs))
+    return msg
 
 
 def step_message(step: StepData) -> pb.Step:
@@ -154,8 +213,15 @@ def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec,
                     bounds: StepBounds = DEFAULT_BOUNDS) -> StepData:
     """Decode a Step message and validate it with ``check_step``."""
     k, obs_shape, obs_dtype = num_envs, observation.shape, observation.dtype
-    obs = decode(msg.observation, "step.observation", obs_dtype, (k, *obs_shape))
     final_index = decode(msg.final_index, "step.final_index", np.int64, (None,))
+    if observation.tree:
+        obs = _decode_leaves(msg.observation_leaves, "step.observation_leaves", observation, k)
+        final_obs = _decode_leaves(msg.final_observation_leaves, "step.final_observation_leaves", observation,
+                                   len(final_index))
+    else:
+        obs = decode(msg.observation, "step.observation", obs_dtype, (k, *obs_shape))
+        final_obs = decode(msg.final_observation, "step.final_observation", obs_dtype,
+                           (len(final_index), *obs_shape))
     terminated = decode(msg.terminated, "step.terminated", np.bool_, (k,))
     truncated = decode(msg.truncated, "step.truncated", np.bool_, (k,))
     episode_return = decode(msg.episode_return, "step.episode_return", np.float64, (None,))
@@ -165,11 +231,20 @@ def step_from_proto(msg: pb.Step, num_envs: int, observation: SpaceSpec,
         terminated=terminated,
         truncated=truncated,
         final_index=final_index,
-        final_obs=decode(msg.final_observation, "step.final_observation", obs_dtype, (len(final_index), *obs_shape)),
+        final_obs=final_obs,
         episode_return=episode_return,
         episode_length=decode(msg.episode_length, "step.episode_length", np.int64, (len(episode_return),)),
     )
     return check_step(data, num_envs, observation, bounds)
+
+
+def _decode_leaves(tensors, name: str, observation: SpaceSpec, rows: int) -> np.ndarray:
+    """[rows] records of a tree observation from its leaves' tensors, one per leaf in the spec's order."""
+    if len(tensors) != len(observation.leaves):
+        raise CodecError(f"{name}: {len(tensors)} tensors for an observation of {len(observation.leaves)} leaves "
+                         f"{list(observation.paths())}; send one tensor per leaf, in that order")
+    return from_leaves([decode(tensor, f"{name}[{path!r}]", leaf.dtype, (rows, *leaf.shape))
+                        for tensor, (path, leaf) in zip(tensors, observation.leaves)], observation)
 
 
 def check_step(data: StepData, num_envs: int, observation: SpaceSpec,
@@ -186,7 +261,7 @@ def check_step(data: StepData, num_envs: int, observation: SpaceSpec,
     """
     # Per message on the learner, so the common case (every field as expected) is one comparison per
     # field; anything else goes through the field-by-field checks that name the problem.
-    k, obs_shape, obs_dtype = num_envs, observation.shape, np.dtype(observation.dtype)
+    k, obs_shape, obs_dtype = num_envs, observation.shape, observation.array_dtype
     final_index, flags = data.final_index, (k,)
     if not (data.obs.dtype == obs_dtype and data.obs.shape == (k, *obs_shape)
             and data.reward.dtype == _FLOAT32 and data.reward.shape == flags
@@ -197,15 +272,16 @@ def check_step(data: StepData, num_envs: int, observation: SpaceSpec,
             and data.episode_return.dtype == _FLOAT64 and data.episode_return.ndim == 1
             and data.episode_length.dtype == _INT64 and data.episode_length.shape == data.episode_return.shape
             and len(data.episode_return) <= k):
-        return _check_fields(data, k, obs_shape, obs_dtype, bounds)
+        return _check_fields(data, k, obs_shape, obs_dtype, bounds, observation)
     # A bool is one byte; a peer may send bytes other than 0 and 1, on which numpy's bool logic is undefined.
     data.terminated, data.truncated = data.terminated.view(np.uint8) != 0, data.truncated.view(np.uint8) != 0
     if data.truncated.any():  # no final observation came: right only if every truncated slot also terminated
         _check_final_index(final_index, data.terminated, data.truncated)
-    return _check_values(data, bounds)
+    return _check_values(data, bounds, observation)
 
 
-def _check_fields(data: StepData, k: int, obs_shape: tuple, obs_dtype: np.dtype, bounds: StepBounds) -> StepData:
+def _check_fields(data: StepData, k: int, obs_shape: tuple, obs_dtype: np.dtype, bounds: StepBounds,
+                  observation: SpaceSpec) -> StepData:
     """``check_step`` field by field, for a step with final observations or anything unexpected."""
     _expect(data.obs, "step.observation", obs_dtype, (k, *obs_shape))
     _expect(data.reward, "step.reward", _FLOAT32, (k,))
@@ -226,33 +302,72 @@ def _check_fields(data: StepData, k: int, obs_shape: tuple, obs_dtype: np.dtype,
     if e > k:
         raise CodecError(f"step.episode_return: {e} finished episodes in one step of {k} env(s); an env finishes "
                          "at most one episode per step, so report each finished episode once")
-    return _check_values(data, bounds)
+    return _check_values(data, bounds, observation)
 
 
-def _check_values(data: StepData, bounds: StepBounds) -> StepData:
-    """Refuse (or with ``bounds.sanitize`` replace) values out of ``bounds``, and episode lengths below 1."""
+def _check_values(data: StepData, bounds: StepBounds, observation: SpaceSpec) -> StepData:
+    """Refuse (or with ``bounds.sanitize`` replace) values out of ``bounds``, and episode lengths below 1;
+    a tree observation leaf by leaf, its discrete leaves also against their ranges."""
     for name, bound in _BOUNDED:
         value = getattr(data, name)
-        if not value.size or value.dtype.kind not in "fiu" or (value.dtype.kind != "f" and value.itemsize < 4):
-            continue  # integers of 2 bytes or fewer cannot exceed a bound (they stay below 65,536)
-        limit = getattr(bounds, bound)
-        if value.min() >= -limit and value.max() <= limit:  # NaN fails both comparisons: min and max keep it
-            continue
-        if bounds.sanitize:
-            replaced = np.clip(np.nan_to_num(value, nan=0.0, posinf=limit, neginf=-limit), -limit, limit)
-            setattr(data, name, replaced.astype(value.dtype, copy=False))
-            continue
-        finite = np.isfinite(value) if value.dtype.kind == "f" else np.ones(value.shape, bool)
-        bad, huge = int(value.size - finite.sum()), int((np.abs(value[finite].astype(np.float64)) > limit).sum())
-        problem = ", ".join(part for part in (bad and f"{bad} non-finite value(s) (NaN or inf)",
-                                              huge and f"{huge} value(s) of magnitude over {limit:g}") if part)
-        raise CodecError(f"step.{_FIELD[name]}: {problem}; the bound is learner.{bound} = {limit:g}: fix the "
-                         "environment, raise the bound, or start the learner with --sanitize to replace them")
+        if value.dtype.names:  # records: each leaf is bounded as a flat observation is
+            for (path, leaf) in observation.leaves:
+                where = f"step.{_FIELD[name]} leaf {path!r}"
+                got = value[path]
+                checked = _bounded(got, where, bound, bounds)
+                if checked is not got:  # sanitized: the replacement goes into the step's own copy
+                    value[path] = checked
+                _check_range(checked, where, leaf)
+        else:
+            setattr(data, name, _bounded(value, f"step.{_FIELD[name]}", bound, bounds))
     lengths = data.episode_length
     if len(lengths) and lengths.min() < 1:
         raise CodecError(f"step.episode_length: {lengths.tolist()} holds a length below 1; a finished episode "
                          "took at least one step")
     return data
+
+
+def check_action_mask(obs: np.ndarray, observation: SpaceSpec) -> None:
+    """Refuse (``CodecError`` naming the slot) observations [k] whose action mask (``observation.mask``, the
+    learner's spec: ``envs.spaces.with_action_mask``) allows no choice of some entry of a slot's action."""
+    if not observation.mask:
+        return
+    empty = allowed_nothing(obs[observation.mask], observation.mask_groups)
+    if empty is not None:
+        slot, entry = empty
+        which = f" for entry {entry} of the action" if len(observation.mask_groups) > 1 else ""
+        raise CodecError(f"step.observation leaf {observation.mask!r}: env slot {slot} allows no action{which} "
+                         "(every choice masked); an env must allow at least one action in every observation it "
+                         "asks an action for")
+
+
+def _bounded(value: np.ndarray, where: str, bound: str, bounds: StepBounds) -> np.ndarray:
+    """``value``, or with ``bounds.sanitize`` a copy with its out-of-bound values replaced; else refused."""
+    if not value.size or value.dtype.kind not in "fiu" or (value.dtype.kind != "f" and value.itemsize < 4):
+        return value  # integers of 2 bytes or fewer cannot exceed a bound (they stay below 65,536)
+    limit = getattr(bounds, bound)
+    if value.min() >= -limit and value.max() <= limit:  # NaN fails both comparisons: min and max keep it
+        return value
+    if bounds.sanitize:
+        replaced = np.clip(np.nan_to_num(value, nan=0.0, posinf=limit, neginf=-limit), -limit, limit)
+        return replaced.astype(value.dtype, copy=False)
+    finite = np.isfinite(value) if value.dtype.kind == "f" else np.ones(value.shape, bool)
+    bad, huge = int(value.size - finite.sum()), int((np.abs(value[finite].astype(np.float64)) > limit).sum())
+    problem = ", ".join(part for part in (bad and f"{bad} non-finite value(s) (NaN or inf)",
+                                          huge and f"{huge} value(s) of magnitude over {limit:g}") if part)
+    raise CodecError(f"{where}: {problem}; the bound is learner.{bound} = {limit:g}: fix the "
+                     "environment, raise the bound, or start the learner with --sanitize to replace them")
+
+
+def _check_range(value: np.ndarray, where: str, leaf: SpaceSpec) -> None:
+    """Refuse values of a discrete leaf outside its space: the policy one-hot encodes them."""
+    if not value.size or leaf.kind not in ("discrete", "multi_discrete", "multi_binary"):
+        return
+    top = {"discrete": leaf.n, "multi_binary": 2}.get(leaf.kind)
+    high = np.asarray(leaf.nvec).reshape(leaf.shape) if top is None else top
+    if value.min() < 0 or (value >= high).any():
+        raise CodecError(f"{where}: values outside {leaf.describe()} (each must lie in [0, n)); fix the environment "
+                         "or its observation space")
 
 
 _FLOAT32, _FLOAT64, _INT64, _BOOL = (np.dtype(t) for t in (np.float32, np.float64, np.int64, np.bool_))

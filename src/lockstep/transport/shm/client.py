@@ -105,7 +105,7 @@ class LocalConnection:
         """
         region = self._region
         m, e = len(step.final_index), len(step.episode_return)
-        _put("step.observation", region.obs, step.obs)
+        _put_observation("step.observation", region.leaves("obs"), step.obs)
         _put("step.reward", region.reward, step.reward)
         _put("step.terminated", region.terminated, step.terminated)
         _put("step.truncated", region.truncated, step.truncated)
@@ -113,7 +113,7 @@ class LocalConnection:
             raise LearnerRefused(INVALID_ARGUMENT, f"step frame: {m} final observation(s) and {e} finished "
                                  f"episode(s) in one step of {self._k} env(s); at most one of each per env")
         _put("step.final_index", region.final_index[:m], step.final_index)
-        _put("step.final_observation", region.final_obs[:m], step.final_obs)
+        _put_observation("step.final_observation", [view[:m] for view in region.leaves("final_obs")], step.final_obs)
         _put("step.episode_return", region.episode_return[:e], step.episode_return)
         _put("step.episode_length", region.episode_length[:e], step.episode_length)
         frame = wire.STEP.pack(wire.STEP_KIND, m, e)
@@ -135,6 +135,18 @@ class LocalConnection:
             self._region.close()
             self._region = None
         self._sock.close()
+
+
+def _put_observation(name: str, into: list[np.ndarray], value: np.ndarray) -> None:
+    """Write observations into their field, or the records of a Dict or Tuple space leaf by leaf into theirs."""
+    if not value.dtype.names:
+        _put(name, into[0], value)
+        return
+    if len(value.dtype.names) != len(into):
+        raise LearnerRefused(INVALID_ARGUMENT, f"{name}: {len(value.dtype.names)} leaves, the layout has "
+                             f"{len(into)} (checked by the actor before writing it into shared memory)")
+    for leaf, view in zip(value.dtype.names, into):
+        _put(f"{name} leaf {leaf!r}", view, value[leaf])
 
 
 def _put(name: str, into: np.ndarray, value: np.ndarray) -> None:

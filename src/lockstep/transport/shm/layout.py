@@ -85,23 +85,29 @@ class Layout:
     """Where each field of one actor's region lives; both ends compute it from (k, spaces).
 
     Capacities are per step: k observations, k final observations (at most one per env) and k
-    finished episodes (an env finishes at most one episode per step).
+    finished episodes (an env finishes at most one episode per step). A Dict or Tuple observation has a
+    field per leaf (``obs/PATH`` [k, *leaf] and ``final_obs/PATH``, in the leaves' order) instead of
+    ``obs`` and ``final_obs``: each leaf in its own dtype, as on the gRPC wire.
     """
 
     def __init__(self, num_envs: int, observation: SpaceSpec, action: SpaceSpec) -> None:
-        if observation.dtype not in ALLOWED_DTYPES:
-            raise CodecError(f"hello.observation_space: dtype {observation.dtype!r} is not one of "
-                             f"{sorted(ALLOWED_DTYPES)}")
-        k, obs = num_envs, (num_envs, *observation.shape)
-        obs_dtype = np.dtype(observation.dtype)
+        for path, leaf in observation.leaf_specs():
+            if leaf.dtype not in ALLOWED_DTYPES:
+                where = f" leaf {path!r}" if path else ""
+                raise CodecError(f"hello.observation_space{where}: dtype {leaf.dtype!r} is not one of "
+                                 f"{sorted(ALLOWED_DTYPES)}")
+        k = num_envs
+        self.observation = observation
+        obs = [(f"obs/{path}" if path else "obs", np.dtype(leaf.dtype), (k, *leaf.shape))
+               for path, leaf in observation.leaf_specs()]
         wanted = [
             ("actions", action.action_dtype, (k, *action.element_shape)),  # the learner's, all others the actor's
-            ("obs", obs_dtype, obs),
+            *obs,
             ("reward", np.dtype(np.float32), (k,)),
             ("terminated", np.dtype(np.bool_), (k,)),
             ("truncated", np.dtype(np.bool_), (k,)),
             ("final_index", np.dtype(np.int64), (k,)),
-            ("final_obs", obs_dtype, obs),
+            *((f"final_{name}", dtype, shape) for name, dtype, shape in obs),
             ("episode_return", np.dtype(np.float64), (k,)),
             ("episode_length", np.dtype(np.int64), (k,)),
         ]
@@ -160,6 +166,10 @@ class Region:
         self.views = {name: np.ndarray(f.shape, f.dtype, buffer=self._map, offset=f.offset)
                       for name, f in layout.fields.items()}
         self.__dict__.update(self.views)  # region.obs, region.actions, ...
+
+    def leaves(self, name: str) -> list[np.ndarray]:
+        """The views of field ``name`` (``obs`` or ``final_obs``) of each observation leaf, in the leaves' order."""
+        return [self.views[f"{name}/{path}" if path else name] for path, _ in self.layout.observation.leaf_specs()]
 
     def close(self) -> None:
         for name in self.views:

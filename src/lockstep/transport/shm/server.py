@@ -36,6 +36,7 @@ import time
 
 from google.protobuf.message import DecodeError
 
+from lockstep.envs import from_leaves
 from lockstep.transport import DEFAULT_MAX_MESSAGE_BYTES
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.codec import CodecError
@@ -287,11 +288,16 @@ class ShmFraming:
         if m > k or e > k:
             raise Refused(INVALID_ARGUMENT, f"{self.who}: step frame: {m} final observation(s) and {e} finished "
                           f"episode(s) in one step of {k} env(s); at most one of each per env")
-        memory = self._region
+        memory, spec = self._region, hello.observation
+        if spec.tree:  # copied out leaf by leaf into records
+            obs = from_leaves(memory.leaves("obs"), spec)
+            final_obs = from_leaves([view[:m] for view in memory.leaves("final_obs")], spec)
+        else:
+            obs, final_obs = memory.obs.copy(), memory.final_obs[:m].copy()
         data = StepData(
-            obs=memory.obs.copy(), reward=memory.reward.copy(),
+            obs=obs, reward=memory.reward.copy(),
             terminated=memory.terminated.copy(), truncated=memory.truncated.copy(),
-            final_index=memory.final_index[:m].copy(), final_obs=memory.final_obs[:m].copy(),
+            final_index=memory.final_index[:m].copy(), final_obs=final_obs,
             episode_return=memory.episode_return[:e].copy(), episode_length=memory.episode_length[:e].copy(),
         )
         return check_step(data, k, hello.observation, self._bounds)

@@ -1,0 +1,75 @@
+"""Per-leaf encoders for Dict and Tuple observations, concatenated (as SB3's CombinedExtractor does).
+
+Each leaf of the observation (``envs.spaces``) has its own encoder, chosen by its space:
+
+==========================  ==========================================================  ===================
+leaf                        encoder                                                     features
+==========================  ==========================================================  ===================
+uint8 Box [C, H, W]         the CNN family, pixels scaled by 1/255 (the Nature CNN      512 or 128
+                            from 36 pixels up, the small MinAtar CNN below)
+Discrete(n)                 one-hot                                                     n
+MultiDiscrete(nvec)         one-hot per entry, side by side                             sum(nvec)
+Box, MultiBinary            the values, flattened, as float32                           prod(shape)
+==========================  ==========================================================  ===================
+
+The features of every leaf, in the spec's leaf order, are concatenated and go through the trunk (the
+MLP of ``model.hidden``); the heads, or an LSTM and then the heads, sit on top (``build.build_policy``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from lockstep.envs import SpaceSpec
+from lockstep.models.networks import nature_cnn, small_cnn
+
+
+class OneHot(nn.Module):
+    """Discrete values [B, *shape] -> one-hot rows [B, sum(nvec)], entry i one-hot over ``nvec[i]`` choices."""
+
+    def __init__(self, nvec: tuple[int, ...]) -> None:
+        super().__init__()
+        offsets = torch.tensor([0, *nvec[:-1]], dtype=torch.long).cumsum(0)
+        self.register_buffer("offsets", offsets, persistent=False)  # [d] where each entry's choices begin
+        self.width = sum(nvec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        index = x.long().reshape(x.shape[0], -1) + self.offsets  # [B, d]
+        return torch.zeros((x.shape[0], self.width), device=x.device).scatter_(1, index, 1.0)
+
+
+class Flat(nn.Module):
+    """Values [B, *shape] -> [B, prod(shape)] float32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], -1).float()
+
+
+def leaf_encoder(leaf: SpaceSpec) -> tuple[nn.Module, int]:
+    """The encoder of one leaf and its feature width (module docstring)."""
+    if leaf.image:
+        make = nature_cnn if min(leaf.shape[1:]) >= 36 else small_cnn
+        return make(leaf.shape[0], tuple(leaf.shape[1:]))
+    if leaf.kind == "discrete":
+        return OneHot((leaf.n,)), leaf.n
+    if leaf.kind == "multi_discrete":
+        return OneHot(leaf.nvec), sum(leaf.nvec)
+    return Flat(), math.prod(leaf.shape)
+
+
+class LeafEncoders(nn.Module):
+    """A dict of leaves {path: [B, *leaf]} -> the concatenated features [B, width] of each leaf's encoder."""
+
+    def __init__(self, observation: SpaceSpec) -> None:
+        super().__init__()
+        self.paths = observation.paths()
+        built = [leaf_encoder(leaf) for _, leaf in observation.leaves]
+        # by position: a path may hold dots, which a module name may not
+        self.encoders = nn.ModuleList(module for module, _ in built)
+        self.width = sum(width for _, width in built)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([encode(obs[path]) for path, encode in zip(self.paths, self.encoders)], -1)

@@ -153,10 +153,15 @@ def test_a_step_whose_mask_allows_nothing_is_refused_naming_the_slot(running_lea
     Connection(learner.address, hello(env_id="lockstep.envs.tasks:Forbidden"), connect_timeout=10).close()
 
 
-def test_a_recurrent_policy_on_a_dict_observation_is_evaluated_from_its_checkpoint(tmp_path):
-    # per-leaf normalization statistics go into the checkpoint and come back for `lockstep eval`
-    config = _config(GLIMPSE, "inprocess", **{"ppo.total_steps": 512, "model.lstm_size": 8, "env.normalize_obs": True})
-    train(config, tmp_path / "run")
+def test_a_recurrent_policy_on_a_dict_observation_is_evaluated_from_its_checkpoint_and_while_training(tmp_path):
+    # per-leaf normalization statistics go into the checkpoint and come back for `lockstep eval`, and to the
+    # evaluation process (run.eval_every), which plays the Dict observation as `lockstep eval` does
+    config = _config(GLIMPSE, "inprocess", **{"ppo.total_steps": 512, "model.lstm_size": 8, "env.normalize_obs": True,
+                                              "run.eval_every": 1, "run.eval_episodes": 2})
+    summary = train(config, tmp_path / "run")
+    assert summary["evaluation"]["finished"] >= 1, summary["evaluation"]
+    best = checkpoint.load(tmp_path / "run" / "checkpoints" / "best.pt")
+    assert best["eval"]["episodes"] == 2 and list(best["trainer"]["obs_rms"]["leaves"]) == ["clock"]
     stored = checkpoint.load(tmp_path / "run" / "checkpoints" / "final.pt")["trainer"]["obs_rms"]
     assert list(stored["leaves"]) == ["clock"]  # the vector leaf; neither the image nor the Discrete leaf
     report = evaluate(tmp_path / "run", episodes=2, deterministic=True)

@@ -44,6 +44,9 @@ def test_under_torchrun_auto_and_cuda_mean_the_ranks_own_gpu(two_gpus, monkeypat
     monkeypatch.setenv("LOCAL_RANK", "2")
     with pytest.raises(ConfigError, match="LOCAL_RANK 2 asks for cuda:2, but this machine has 2 GPUs"):
         resolve_device("cuda")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="--device cuda:1 would put every torchrun rank of this node on one GPU"):
+        resolve_device("cuda:1")
 
 
 def test_a_cuda_rank_sets_its_device_before_the_process_group_starts_and_passes_it(two_gpus, monkeypatch):

@@ -3,7 +3,8 @@
 ``resolve_device`` decides at start whether the device exists, so a wrong ``--device`` fails with the
 GPUs there are rather than at the first tensor moved. Under torchrun (``LOCAL_RANK`` set) ``auto`` and
 ``cuda`` mean this rank's own GPU, ``cuda:LOCAL_RANK``: every rank on ``cuda:0`` makes NCCL fail
-("Duplicate GPU detected") or hang at the first collective.
+("Duplicate GPU detected") or hang at the first collective, which is also why ``cuda:N`` is refused
+with several ranks per node.
 
 ``prepare_device`` also sets what a CUDA learner computes with (docs/performance.md, "On a GPU"):
 
@@ -41,6 +42,9 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"--device {name} was asked for, but torch {torch.__version__} sees no CUDA device; "
                           f"use --device auto or cpu")
     local_rank = os.environ.get("LOCAL_RANK")  # torchrun: this rank's place on its node
+    if ":" in name and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        raise ConfigError(f"--device {name} would put every torchrun rank of this node on one GPU (NCCL fails or "
+                          f"hangs); use --device cuda or auto: each rank takes cuda:LOCAL_RANK")
     index = int(name.split(":", 1)[1]) if ":" in name else int(local_rank or 0)
     count = torch.cuda.device_count()
     if index >= count:

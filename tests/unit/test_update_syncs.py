@@ -3,15 +3,14 @@ observations as bytes, skips non-finite steps on the device, and the LSTM finds 
 
 Counted by ``lockstep_bench.syncs.HostSyncs`` on the CPU: the calls that wait for a GPU there. The numbers
 of the update did not change with any of this (bit-identical parameters, Adam state and statistics for
-these cases before and after: docs/performance.md, "Host syncs of an update")."""
+the cases of ``lockstep_bench.syncs`` before and after: docs/performance.md, "Host syncs of an update")."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from lockstep_bench.syncs import HostSyncs
-from update_cases import CASES, batch, trainer
+from lockstep_bench.syncs import CASES, HostSyncs, batch, trainer
 
 from lockstep.algo import ppo
 from lockstep.config import ModelConfig

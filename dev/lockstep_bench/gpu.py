@@ -5,7 +5,7 @@ Five parts, written to ``OUT/gpu.json`` and ``OUT/gpu.md``:
     inference  latency and rows/s of ``lockstep.learner.inference.act`` (the one sampling function)
                against batch size, for the MLP policy (CartPole and Hopper shapes) and the Nature CNN
                (Atari, 4x84x84 uint8), built by ``lockstep.models.build_policy`` from the presets' model
-               sections; observations copied to the device and actions back, as the learner does
+               sections; observations copied to the device and actions back as the learner does (one copy each way)
     training   strict Breakout (the breakout preset) and the hopper preset for a fixed number of env
                steps, ``lockstep train --device DEVICE`` subprocesses, with summary.json's time split
     audit      a strict CartPole run with ``run.audit`` on the device, then ``lockstep audit RUN`` with

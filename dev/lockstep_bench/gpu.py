@@ -220,12 +220,12 @@ def run(options: GpuOptions, out: Path) -> dict[str, Any]:
     import torch
 
     from lockstep import config as config_lib
-    from lockstep.common.device import resolve_device
+    from lockstep.common.device import prepare_device
 
     if options.device.startswith("cuda") and not torch.cuda.is_available():
         raise config_lib.ConfigError(f"--device {options.device}: torch {torch.__version__} sees no CUDA device "
                                      "here; use --device cpu (with --quick for the small check)")
-    device = resolve_device(options.device)
+    device = prepare_device(options.device)  # the numerics a learner on it computes with
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = out / "runs"
     runs_dir.mkdir(exist_ok=True)

@@ -120,6 +120,7 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
     sums = torch.zeros(5, device=device)  # policy loss, value loss, entropy, KL, clip fraction
     taken = torch.zeros((), device=device)  # minibatches in ``sums``: a finite loss and KL
     skipped = torch.zeros((), device=device)  # minibatches without an optimizer step
+    no_samples = torch.ones((), dtype=torch.bool, device=device)  # a minibatch without samples: a finite loss
     attempted = 0
     on_device = _skips_on_device(optimizer)
     sections = minibatches if reduce_gradients is not None else min(minibatches, units)
@@ -130,7 +131,7 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
             order = host_order.to(device, non_blocking=True)
             for idx, host_idx in zip(torch.tensor_split(order, sections), torch.tensor_split(host_order, sections)):
                 optimizer.zero_grad(set_to_none=False)
-                samples = 0
+                samples, finite = 0, no_samples  # zero gradients
                 if len(idx):
                     new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy = minibatch(
                         idx, host_idx.numpy())
@@ -141,9 +142,10 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
                                      ent_coef=ent_coef, norm_adv=norm_adv)
                     parts.loss.backward()
                     finite = torch.isfinite(parts.loss.detach())
-                    # a loss of inf can have finite gradients: poison them (x 1.0 leaves finite ones as they are)
-                    grads = [p.grad for p in model.parameters() if p.grad is not None]
-                    torch._foreach_mul_(grads, torch.where(finite, 1.0, math.nan))
+                    if reduce_gradients is not None:  # a loss of inf can have finite gradients: poison them for
+                        # every learner to skip alike (x 1.0 leaves finite ones as they are; one kernel for all)
+                        grads = [p.grad for p in model.parameters() if p.grad is not None]
+                        torch._foreach_mul_(grads, torch.where(finite, 1.0, math.nan))
                     good = finite & torch.isfinite(parts.approx_kl)
                     sums += torch.where(good, torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(),
                                                            parts.entropy.detach(), parts.approx_kl,
@@ -155,7 +157,7 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
                 elif not samples:
                     continue
                 attempted += 1
-                bad = ~torch.isfinite(nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+                bad = ~(torch.isfinite(nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)) & finite)
                 skipped += bad
                 if on_device:
                     optimizer.found_inf = bad.float()
@@ -165,8 +167,7 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
             if target_kl is not None and (agree(float(approx_kl)) if agree else float(approx_kl)) > target_kl:
                 break
     finally:
-        if on_device:
-            del optimizer.found_inf
+        optimizer.__dict__.pop("found_inf", None)  # the optimizer's next user must not skip on this flag
     read = torch.cat([sums, taken[None], skipped[None]]).tolist()  # the update's one read of the device
     means = (np.array(read[:5], np.float32) / np.float32(max(int(read[5]), 1))).tolist()
     return UpdateStats(*means, gradient_steps=attempted - int(read[6]), skipped_steps=int(read[6]))

@@ -1,16 +1,19 @@
 """``lockstep bench gpu``: what the learner does on an accelerator, in under eight minutes; on the CPU too.
 
-Four parts, written to ``OUT/gpu.json`` and ``OUT/gpu.md``:
+Five parts, written to ``OUT/gpu.json`` and ``OUT/gpu.md``:
 
     inference  latency and rows/s of ``lockstep.learner.inference.act`` (the one sampling function)
                against batch size, for the MLP policy (CartPole and Hopper shapes) and the Nature CNN
                (Atari, 4x84x84 uint8), built by ``lockstep.models.build_policy`` from the presets' model
-               sections; observations copied to the device and actions back, as the learner does
+               sections; observations copied to the device and actions back as the learner does (one copy each way)
     training   strict Breakout (the breakout preset) and the hopper preset for a fixed number of env
                steps, ``lockstep train --device DEVICE`` subprocesses, with summary.json's time split
     audit      a strict CartPole run with ``run.audit`` on the device, then ``lockstep audit RUN`` with
                no device visible (``CUDA_VISIBLE_DEVICES=``): the trail recorded on the device must
                check out on the CPU
+    syncs      host syncs per training update of small MLP, uint8 CNN and LSTM cases
+               (``lockstep_bench.syncs``): counted by ``HostSyncs`` and, on CUDA, reported by
+               ``torch.cuda.set_sync_debug_mode("warn")``
     memory     peak device memory (``torch.cuda.max_memory_allocated``) of each inference model and of
                each training process (which runs as ``python -m lockstep_bench.gpu OUT_JSON train ...``
                to read it at exit); on the CPU, the learner's peak RSS
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lockstep_bench import cell
+from lockstep_bench import cell, syncs
 from lockstep_bench.runs import command, run_process, tail
 
 BATCHES = (1, 8, 64, 512, 4096)
@@ -217,18 +220,20 @@ def run(options: GpuOptions, out: Path) -> dict[str, Any]:
     import torch
 
     from lockstep import config as config_lib
-    from lockstep.common.device import resolve_device
+    from lockstep.common.device import prepare_device
 
     if options.device.startswith("cuda") and not torch.cuda.is_available():
         raise config_lib.ConfigError(f"--device {options.device}: torch {torch.__version__} sees no CUDA device "
                                      "here; use --device cpu (with --quick for the small check)")
-    device = resolve_device(options.device)
+    device = prepare_device(options.device)  # the numerics a learner on it computes with
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = out / "runs"
     runs_dir.mkdir(exist_ok=True)
     began = time.perf_counter()
     load_at_start = [round(x, 2) for x in os.getloadavg()]
     rows, peaks = inference(device, options.quick)
+    print(f"[gpu] host syncs per update on {device} ...", flush=True)
+    host_syncs = syncs.per_update(device)
     training = []
     for name, (preset, flags, steps, quick_steps) in TRAINING.items():
         print(f"[gpu] training {name} on {device} ...", flush=True)
@@ -254,6 +259,7 @@ def run(options: GpuOptions, out: Path) -> dict[str, Any]:
         "loadavg_at_start": load_at_start,
         "inference": rows,
         "inference_peak_device_mb": peaks,
+        "host_syncs_per_update": host_syncs,
         "training": training,
         "audit": audited,
         "elapsed_s": None,
@@ -288,6 +294,10 @@ def markdown(report: dict[str, Any]) -> str:
     if cuda:
         lines += ["", "Peak device memory of the inference passes (MB): "
                   + ", ".join(f"{k} {cell(v)}" for k, v in report["inference_peak_device_mb"].items())]
+    lines += ["", "## Host syncs per training update (`lockstep_bench.syncs`)\n",
+              "| case | counted | reported by CUDA's sync debug mode |", "|---|---|---|"]
+    lines += [f"| {name} | {r['counted']} | {cell(r['reported'])} |"
+              for name, r in report["host_syncs_per_update"].items()]
     lines += ["", "## Training (`lockstep train --device`)\n",
               f"| run | env steps | training s | env steps/s | time split s | {memory} | process s | load 1m |",
               "|---|---|---|---|---|---|---|---|"]

@@ -11,8 +11,9 @@ when a batch flushes on its timeout. A strict run must not care (``docs/architec
 
 Overridden in the config, because each makes a run depend on timing by design: ``sync.strategy``
 (strict), ``sync.phase_cutoff`` (none: a straggler cut-off closes phases by arrival) and
-``run.time_limit_s`` (none: the number of iterations would depend on speed). ``run.stop_at_return``
-is kept: it reads the ordered episode window, so both runs stop at the same iteration.
+``run.time_limit_s`` (none: the number of iterations would depend on speed). Set on:
+``learner.deterministic`` (a GPU's kernels and reduction orders fixed; nothing changes on the CPU).
+``run.stop_at_return`` is kept: it reads the ordered episode window, so both runs stop at the same iteration.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def make_config(options: ReproOptions, run_dir: Path) -> config_lib.Config:
     config = config_lib.load(options.config) if options.config else config_lib.Config()
     config.run.seed = options.seed
     config.sync.strategy = "strict"
+    config.learner.deterministic = True  # on a GPU: the same kernels and reduction orders (common/device.py)
     config.sync.phase_cutoff = None
     config.run.time_limit_s = None
     config.ppo.total_steps = options.iterations * config.batch_size

@@ -153,6 +153,9 @@ class LearnerConfig:
     max_wait_ms: float = setting(2.0, "longest a request waits for others to share its forward pass", ge=0)
     device: str = setting("auto", "where the network runs: auto, cpu, cuda or cuda:N", flag="--device")
     torch_threads: int = setting(1, "torch's threads (small networks run fastest on one)", ge=1)
+    deterministic: bool = setting(False, "on a GPU, the same kernels and reduction orders on every run (cuDNN's "
+                                         "deterministic algorithms, cuBLAS's fixed workspace): bitwise repeats, "
+                                         "at some speed; the CPU is deterministic anyway")
     max_message_mb: int = setting(64, "the largest message accepted from an actor; larger ones are refused", ge=1)
     sanitize: bool = setting(False, "replace NaN (by 0) and values beyond learner.max_observation / "
                                     "learner.max_reward (by the bound) instead of refusing the step",

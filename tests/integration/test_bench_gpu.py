@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 from conftest import lockstep_cmd
-from lockstep_bench import gpu
+from lockstep_bench import gpu, syncs
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +35,7 @@ def test_inference_is_timed_for_every_model_and_batch_size(quick_report):
         assert r["latency_ms"] > 0 and r["rows_per_s"] > 0 and r["calls"] >= 3
         assert r["device_ms"] is None  # CUDA events only on CUDA
     assert report["inference_peak_device_mb"] == {m: None for m in gpu.MODELS}
+    assert report["host_syncs_per_update"] == {name: {"counted": 1, "reported": None} for name in syncs.CASES}
 
 
 def test_breakout_and_hopper_train_with_their_time_split_and_peak_memory(quick_report):

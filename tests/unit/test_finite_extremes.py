@@ -108,14 +108,22 @@ def _params(trainer: Trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for p in trainer.model.parameters()]
 
 
+def _adam(trainer: Trainer) -> list[tuple[float, list, list]]:
+    """Each parameter's Adam step count and moments; a state not created yet is the zeros it starts from (a
+    step skipped on the device, ``ppo._skips_on_device``, creates it: zeros, step 0)."""
+    state = trainer.optimizer.state
+    return [(float(state[p]["step"]), state[p]["exp_avg"].tolist(), state[p]["exp_avg_sq"].tolist()) if state.get(p)
+            else (0.0, torch.zeros_like(p).tolist(), torch.zeros_like(p).tolist()) for p in trainer.model.parameters()]
+
+
 def test_a_reward_whose_square_overflows_skips_every_step_and_leaves_the_parameters_as_they_were():
     trainer = _trainer()
-    before, adam_before = _params(trainer), trainer.optimizer.state_dict()
+    before, adam_before = _params(trainer), _adam(trainer)
     stats = trainer.train(make_batch(np.zeros((4, 2)), rewards=np.full((4, 2), 1e38)))  # (1e38)^2 is inf
     assert stats.update.skipped_steps == 4 and stats.update.gradient_steps == 0  # 2 epochs x 2 minibatches
     for old, new in zip(before, trainer.model.parameters()):
         assert torch.equal(old, new)
-    assert trainer.optimizer.state_dict()["state"] == adam_before["state"]  # Adam's moments untouched
+    assert _adam(trainer) == adam_before  # Adam's moments and step counts untouched
     assert trainer.version == 1  # the version still advances: the batch was seen, its steps not taken
     stats = trainer.train(make_batch(np.zeros((4, 2)), rewards=np.ones((4, 2)), versions=1))
     assert stats.update.skipped_steps == 0 and stats.update.gradient_steps == 4
@@ -128,7 +136,7 @@ def test_optimize_skips_only_the_minibatches_whose_loss_is_not_finite():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     poisoned = 1  # 4 units in 4 minibatches: one unit each, and the one holding unit 1 has a return of inf
 
-    def minibatch(idx: torch.Tensor) -> ppo.Minibatch:
+    def minibatch(idx: torch.Tensor, _host_idx: np.ndarray) -> ppo.Minibatch:
         value = model(torch.ones(len(idx), 1)).squeeze(1)
         returns = torch.full_like(value, np.inf if int(idx[0]) == poisoned else 1.0)
         zeros = torch.zeros_like(value)

@@ -266,8 +266,8 @@ def _run_update(model, batch, *, epochs=4, minibatches=4, target_kl=None, lr=1e-
     obs, actions, old_logprob, advantages, returns, old_value = batch
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, eps=1e-5)
     B = len(obs)  # B samples: one step of B slots, each its own sequence
-    return update(model, optimizer, obs[None], actions[None], torch.zeros(1, B, dtype=torch.bool), torch.zeros(B, 0),
-                  torch.ones(1, B, dtype=torch.bool), old_logprob[None], advantages[None], returns[None],
+    return update(model, optimizer, obs[None], actions[None], np.zeros((1, B), bool), torch.zeros(B, 0),
+                  np.ones((1, B), bool), old_logprob[None], advantages[None], returns[None],
                   old_value[None],
                   epochs=epochs, minibatches=minibatches, clip_coef=0.2, clip_vloss=True, vf_coef=0.5,
                   ent_coef=0.01, max_grad_norm=0.5, norm_adv=norm_adv, target_kl=target_kl,

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -85,14 +86,21 @@ Minibatch = tuple[torch.Tensor, ...]  # (new log-prob, old log-prob, advantages,
 #                                       entropy), each [b]: the samples of one minibatch, new_* with gradients
 
 
-def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Callable[[torch.Tensor], Minibatch],
-             units: int, *, epochs: int, minibatches: int, clip_coef: float, clip_vloss: bool, vf_coef: float,
-             ent_coef: float, max_grad_norm: float, norm_adv: bool, target_kl: float | None,
-             generator: torch.Generator | None = None, device: torch.device | str = "cpu",
-             reduce_gradients: Callable[[int], None] | None = None,
+def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` reads a ``found_inf`` flag and skips on the device when it is set (fused Adam:
+    the flag torch's GradScaler uses), so that deciding to skip a step needs no value read back."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
+             minibatch: Callable[[torch.Tensor, np.ndarray], Minibatch], units: int, *, epochs: int,
+             minibatches: int, clip_coef: float, clip_vloss: bool, vf_coef: float, ent_coef: float,
+             max_grad_norm: float, norm_adv: bool, target_kl: float | None, generator: torch.Generator | None = None,
+             device: torch.device | str = "cpu", reduce_gradients: Callable[[int], None] | None = None,
              agree: Callable[[float], float] | None = None) -> UpdateStats:
     """Epochs x minibatches gradient steps. Each epoch shuffles ``units`` (samples, or whole slots for a
-    recurrent policy) and splits them into ``minibatches`` groups; ``minibatch(indices)`` evaluates one group.
+    recurrent policy) and splits them into ``minibatches`` groups; ``minibatch(indices, host_indices)``
+    evaluates one group (the indices [b] on ``device``, and the same on the host).
 
     Data-parallel training (several learners) passes ``reduce_gradients(samples)``, called after each
     backward pass to average the gradients over the learners, and ``agree(x)``, the learners' mean of x
@@ -103,47 +111,66 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, minibatch: Call
     square overflows) takes no optimizer step: neither the parameters nor the optimizer's moments see
     it, and it is counted in ``skipped_steps``. A non-finite loss makes its gradients NaN before they
     are averaged, so with several learners every learner sees the same non-finite norm and skips alike.
+
+    Nothing is read back from the device per minibatch (each read waits for the GPU to finish): the
+    statistics and the skip decisions stay on the device, the step is skipped there (``_skips_on_device``;
+    another optimizer reads the decision back per minibatch), and the host reads them once per update, and
+    the KL once per epoch when ``target_kl`` is set. The early stop compares the epoch's last minibatch's KL.
     """
-    sums = torch.zeros(5, device=device)
-    steps = taken = skipped = 0
+    sums = torch.zeros(5, device=device)  # policy loss, value loss, entropy, KL, clip fraction
+    taken = torch.zeros((), device=device)  # minibatches in ``sums``: a finite loss and KL
+    skipped = torch.zeros((), device=device)  # minibatches without an optimizer step
+    no_samples = torch.ones((), dtype=torch.bool, device=device)  # a minibatch without samples: a finite loss
+    attempted = 0
+    on_device = _skips_on_device(optimizer)
     sections = minibatches if reduce_gradients is not None else min(minibatches, units)
-    approx_kl = 0.0
-    for _ in range(epochs):
-        order = torch.randperm(units, generator=generator, device="cpu").to(device)
-        for idx in torch.tensor_split(order, sections):  # every unit once per epoch
-            optimizer.zero_grad(set_to_none=False)
-            samples = 0
-            if len(idx):
-                new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy = minibatch(idx)
-                samples = len(new_logprob)
-            if samples:
-                parts = ppo_loss(new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy,
-                                 clip_coef=clip_coef, clip_vloss=clip_vloss, vf_coef=vf_coef, ent_coef=ent_coef,
-                                 norm_adv=norm_adv)
-                parts.loss.backward()
-                loss, approx_kl = torch.stack([parts.loss.detach(), parts.approx_kl]).tolist()
-                if not math.isfinite(loss):  # a loss of inf can have finite gradients: poison them
-                    for p in model.parameters():
-                        if p.grad is not None:
-                            p.grad.fill_(math.nan)
-                elif math.isfinite(approx_kl):
-                    sums += torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(),
-                                         parts.entropy.detach(), parts.approx_kl, parts.clip_fraction])
-                    taken += 1
-            if reduce_gradients is not None:
-                reduce_gradients(samples)
-            elif not samples:
-                continue
-            norm = nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            if not torch.isfinite(norm):
-                skipped += 1
-                continue
-            optimizer.step()
-            steps += 1
-        if target_kl is not None and (agree(approx_kl) if agree else approx_kl) > target_kl:
-            break
-    means = (sums.cpu() / max(taken, 1)).tolist()
-    return UpdateStats(*means, gradient_steps=steps, skipped_steps=skipped)
+    approx_kl: torch.Tensor | float = 0.0  # the last minibatch's
+    try:
+        for _ in range(epochs):
+            host_order = torch.randperm(units, generator=generator, device="cpu")
+            order = host_order.to(device, non_blocking=True)
+            for idx, host_idx in zip(torch.tensor_split(order, sections), torch.tensor_split(host_order, sections)):
+                optimizer.zero_grad(set_to_none=False)
+                samples, finite = 0, no_samples  # zero gradients
+                if len(idx):
+                    new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy = minibatch(
+                        idx, host_idx.numpy())
+                    samples = len(new_logprob)
+                if samples:
+                    parts = ppo_loss(new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy,
+                                     clip_coef=clip_coef, clip_vloss=clip_vloss, vf_coef=vf_coef,
+                                     ent_coef=ent_coef, norm_adv=norm_adv)
+                    parts.loss.backward()
+                    finite = torch.isfinite(parts.loss.detach())
+                    if reduce_gradients is not None:  # a loss of inf can have finite gradients: poison them for
+                        # every learner to skip alike (x 1.0 leaves finite ones as they are; one kernel for all)
+                        grads = [p.grad for p in model.parameters() if p.grad is not None]
+                        torch._foreach_mul_(grads, torch.where(finite, 1.0, math.nan))
+                    good = finite & torch.isfinite(parts.approx_kl)
+                    sums += torch.where(good, torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(),
+                                                           parts.entropy.detach(), parts.approx_kl,
+                                                           parts.clip_fraction]), 0.0)
+                    taken += good
+                    approx_kl = parts.approx_kl
+                if reduce_gradients is not None:
+                    reduce_gradients(samples)
+                elif not samples:
+                    continue
+                attempted += 1
+                bad = ~(torch.isfinite(nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)) & finite)
+                skipped += bad
+                if on_device:
+                    optimizer.found_inf = bad.float()
+                    optimizer.step()
+                elif not bad.item():
+                    optimizer.step()
+            if target_kl is not None and (agree(float(approx_kl)) if agree else float(approx_kl)) > target_kl:
+                break
+    finally:
+        optimizer.__dict__.pop("found_inf", None)  # the optimizer's next user must not skip on this flag
+    read = torch.cat([sums, taken[None], skipped[None]]).tolist()  # the update's one read of the device
+    means = (np.array(read[:5], np.float32) / np.float32(max(int(read[5]), 1))).tolist()
+    return UpdateStats(*means, gradient_steps=attempted - int(read[6]), skipped_steps=int(read[6]))
 
 
 def _each_leaf(fn: Callable[[torch.Tensor], torch.Tensor], obs: torch.Tensor | dict) -> torch.Tensor | dict:
@@ -153,39 +180,47 @@ def _each_leaf(fn: Callable[[torch.Tensor], torch.Tensor], obs: torch.Tensor | d
 
 
 def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor | dict[str, torch.Tensor],
-           actions: torch.Tensor,
-           starts: torch.Tensor, initial_state: torch.Tensor, valid: torch.Tensor, old_logprob: torch.Tensor,
-           advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, **settings) -> UpdateStats:
+           actions: torch.Tensor, starts: np.ndarray, initial_state: torch.Tensor, valid: np.ndarray,
+           old_logprob: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
+           **settings) -> UpdateStats:
     """PPO on [T, N] sequences; ``settings``: see ``optimize``.
 
     obs [T, N, *obs] (a Dict or Tuple observation: a dict of [T, N, *leaf]), actions [T, N, *act],
-    starts [T, N] (episode starts, where the state resets), initial_state [N, S], valid [T, N] (False past
-    a slot cut short), the rest [T, N].
+    initial_state [N, S], the rest [T, N]; on the host (numpy, so that the minibatches' shapes and the
+    LSTM's segments are known without reading the device): starts [T, N] (episode starts, where the
+    state resets) and valid [T, N] (False past a slot cut short).
     ``model.evaluate(obs, actions, starts, state)`` returns (log-prob, entropy, value), each [T, n].
 
     Minibatches are of whole slots, each replayed over its T steps (backpropagation through time).
     A policy whose state holds nothing (``state_size`` 0) has independent samples: its valid samples
     become one step of B slots, so that its minibatches are of samples, each sample once per epoch.
     """
+    dev = actions.device
+
+    def select(x: torch.Tensor, keep: np.ndarray) -> torch.Tensor:
+        """x [T, n, ...] -> [b, ...], the samples where ``keep`` [T, n] is True, in (t, n) order."""
+        rows = torch.from_numpy(np.flatnonzero(keep)).to(dev, non_blocking=True)  # [b]
+        return x.reshape(-1, *x.shape[2:]).index_select(0, rows)
+
     if model.state_size == 0:
         B = int(valid.sum())
-        obs = _each_leaf(lambda x: x[valid][None], obs)  # [1, B, ...]
+        obs = _each_leaf(lambda x: select(x, valid)[None], obs)  # [1, B, ...]
         actions, old_logprob, advantages, returns, old_value = (
-            x[valid][None] for x in (actions, old_logprob, advantages, returns, old_value))  # [1, B, ...]
-        starts = torch.zeros((1, B), dtype=torch.bool, device=valid.device)
+            select(x, valid)[None] for x in (actions, old_logprob, advantages, returns, old_value))  # [1, B, ...]
+        starts, valid = np.zeros((1, B), bool), np.ones((1, B), bool)
         initial_state = initial_state.new_zeros((B, 0))
-        valid = torch.ones((1, B), dtype=torch.bool, device=valid.device)
 
     every_sample_valid = bool(valid.all())  # then selecting the valid samples is a reshape
 
-    def minibatch(slots: torch.Tensor) -> Minibatch:
+    def minibatch(slots: torch.Tensor, host_slots: np.ndarray) -> Minibatch:
         new_logprob, entropy, new_value = model.evaluate(
-            _each_leaf(lambda x: x[:, slots], obs), actions[:, slots], starts[:, slots], initial_state[slots])
+            _each_leaf(lambda x: x[:, slots], obs), actions[:, slots], starts[:, host_slots],
+            initial_state[slots])  # [T, n] each
         columns = (new_logprob, old_logprob[:, slots], advantages[:, slots], new_value, old_value[:, slots],
                    returns[:, slots], entropy)
         if every_sample_valid:
-            return tuple(x.reshape(-1) for x in columns)  # [T * n], in the (t, n) order of the mask below
-        keep = valid[:, slots]  # [T, n] -> the minibatch's samples
-        return tuple(x[keep] for x in columns)
+            return tuple(x.reshape(-1) for x in columns)  # [T * n], in the (t, n) order of ``select``
+        keep = valid[:, host_slots]  # [T, n] -> the minibatch's samples
+        return tuple(select(x, keep) for x in columns)
 
-    return optimize(model, optimizer, minibatch, valid.shape[1], device=valid.device, **settings)
+    return optimize(model, optimizer, minibatch, actions.shape[1], device=dev, **settings)

@@ -26,7 +26,9 @@ A rank whose actors are all gone still takes part: its gate closes each phase em
 version is published (the gate's ``close_empty``) and it trains on an empty batch (zero gradients),
 so the others do not wait for it; actors that join again collect in the next phase. A rank that has
 never had an actor keeps waiting for its first phase, and so does every other rank at its first
-update; the stall watchdog logs which rank's actors are missing. ``gloo`` on the CPU, ``nccl`` on GPUs.
+update; the stall watchdog logs which rank's actors are missing. ``gloo`` on the CPU, ``nccl`` on GPUs: one
+GPU per rank, ``cuda:LOCAL_RANK`` (``common.device.resolve_device``), made the current device before the
+process group starts.
 """
 
 from __future__ import annotations
@@ -75,8 +77,11 @@ class Ranks:
         if world <= 1:
             return None
         if not dist.is_initialized():
-            backend = "nccl" if device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            if device.type == "cuda":  # cuda:LOCAL_RANK (resolve_device): NCCL binds each rank to the current device
+                torch.cuda.set_device(device)
+                dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s), device_id=device)
+            else:
+                dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
         rank = dist.get_rank()
         log.info("learner rank %d of %d (%s)", rank, world, dist.get_backend())
         return cls(rank, world, device)

@@ -37,18 +37,76 @@ def act(model: Policy, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.nd
     -> action [B, *act], log-prob [B], value [B], next state [B, S] (S = 0: a feedforward policy).
 
     Used by snapshots, the in-place backend, evaluation and the baseline alike, so every one samples
-    the same action from the same parameters and noise.
+    the same action from the same parameters and noise. On a GPU the inputs travel in one copy from
+    pinned memory and the outputs in one copy back (``_to_device``, ``_to_host``): the same numbers as
+    a copy per array, with one wait for the device instead of one per output.
     """
+    staged = device.type == "cuda"
     with torch.inference_mode():
-        x = normalize(as_tensors(obs, device))
-        h = torch.as_tensor(state, dtype=torch.float32, device=device)
-        action, logprob, value, after = model.step(x, _noise(uniform, device), h)
+        obs = np.asarray(obs)
+        uniform, state = np.asarray(uniform, np.float32), np.asarray(state, np.float32)
+        if staged:  # a Dict or Tuple observation's records travel as one array per leaf
+            paths = obs.dtype.names
+            *leaves, u, h = _to_device((*(obs[p] for p in paths), uniform, state) if paths else (obs, uniform, state),
+                                       device, pin=True)
+            x = dict(zip(paths, leaves)) if paths else leaves[0]
+        else:
+            x, u, h = (as_tensors(obs, device), torch.as_tensor(uniform, device=device),
+                       torch.as_tensor(state, device=device))
+        action, logprob, value, after = model.step(normalize(x), _noise(u), h)
+        if staged:
+            return _to_host((action, logprob, value, after), pin=True)
         return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy(), after.cpu().numpy()
 
 
-def _noise(uniform: np.ndarray, device: torch.device) -> torch.Tensor:
+_ALIGN = 8  # every array starts at a multiple of the widest element size, so that its bytes view as its dtype
+
+
+def _offsets(nbytes: list[int]) -> list[int]:
+    """The start of each of arrays of ``nbytes`` bytes in one buffer, each aligned to ``_ALIGN``; and the end."""
+    starts = [0]
+    for n in nbytes:
+        starts.append(starts[-1] + -(-n // _ALIGN) * _ALIGN)
+    return starts
+
+
+def _to_device(arrays: tuple[np.ndarray, ...], device: torch.device, pin: bool) -> list[torch.Tensor]:
+    """``arrays`` on ``device``, in one copy: their bytes laid out in one (``pin``: page-locked) host buffer,
+    copied without blocking (the caching host allocator keeps the buffer until the copy is done) and viewed
+    there as the arrays' dtypes and shapes."""
+    arrays = tuple(np.ascontiguousarray(a) for a in arrays)
+    offsets = _offsets([a.nbytes for a in arrays])
+    host = torch.empty(offsets[-1], dtype=torch.uint8, pin_memory=pin)
+    flat = host.numpy()
+    for a, start in zip(arrays, offsets):
+        flat[start:start + a.nbytes] = a.reshape(-1).view(np.uint8)
+    moved = host.to(device, non_blocking=True)
+    return [moved[start:start + a.nbytes].view(torch.from_numpy(a[:0]).dtype).reshape(a.shape)
+            for a, start in zip(arrays, offsets)]
+
+
+def _to_host(tensors: tuple[torch.Tensor, ...], pin: bool) -> tuple[np.ndarray, ...]:
+    """``tensors`` as host arrays, in one copy: their bytes packed into one device buffer, copied into one
+    (``pin``: page-locked) host buffer, and split there after one wait for the copy."""
+    tensors = tuple(t.contiguous() for t in tensors)
+    nbytes = [t.numel() * t.element_size() for t in tensors]
+    offsets = _offsets(nbytes)
+    device = tensors[0].device
+    packed = torch.zeros(offsets[-1], dtype=torch.uint8, device=device)
+    for t, start, n in zip(tensors, offsets, nbytes):
+        packed[start:start + n] = t.reshape(-1).view(torch.uint8)
+    host = torch.empty(offsets[-1], dtype=torch.uint8, pin_memory=pin)
+    host.copy_(packed, non_blocking=True)
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # the one wait: the results must have arrived
+    flat = host.numpy()
+    return tuple(flat[start:start + n].view(torch.empty(0, dtype=t.dtype).numpy().dtype).reshape(t.shape).copy()
+                 for t, start, n in zip(tensors, offsets, nbytes))  # copies: the pinned buffer goes back to its cache
+
+
+def _noise(uniform: torch.Tensor) -> torch.Tensor:
     # float32 rounds uniforms within 2**-25 of 1 up to 1.0, where Gumbel noise is infinite
-    return torch.as_tensor(uniform, dtype=torch.float32, device=device).clamp_(_TINY, _BELOW_ONE)
+    return uniform.clamp(_TINY, _BELOW_ONE)
 
 
 class PolicySnapshot:

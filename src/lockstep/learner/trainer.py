@@ -116,10 +116,10 @@ def bootstrap(batch: Batch, values: torch.Tensor,
     if len(batch.final_t):  # truncated: bootstrap from the episode's own last observation
         final_t, final_n = torch.as_tensor(batch.final_t, device=dev), torch.as_tensor(batch.final_n, device=dev)
         next_values[final_t, final_n] = value_fn(batch.final_obs, final_t, final_n)  # [M]
-    next_values[past] = 0.0
+    next_values.masked_fill_(past, 0.0)  # (a mask in the index would read the device for the result's shape)
     continues = 1.0 - torch.maximum(terminated, truncated)  # [T, N]
     continues[last, slots] = 0.0  # nothing after a slot's last step belongs to its trace
-    continues[past] = 0.0
+    continues.masked_fill_(past, 0.0)
     return next_values, continues
 
 
@@ -194,11 +194,14 @@ class Trainer:
             return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=dev)
 
         normalize = self.normalizer()
-        obs = normalize(as_tensors(batch.obs, dev))  # [T, N, *obs], with the statistics the batch was collected with
+        # [T, N, *obs] (a dict of leaves for a Dict or Tuple observation), normalized with the statistics the batch
+        # was collected with; each leaf in its own dtype: uint8 images travel as bytes (a quarter of float32's)
+        # and become float32 on the device, the same numbers as converted on the host
+        obs = normalize(as_tensors(batch.obs, dev))
         values = as_t(batch.values)  # [T, N]
         rewards = as_t(self.reward_scaler.scale(batch) if self.reward_scaler else batch.rewards)
         model = self.model
-        starts = torch.as_tensor(batch.starts, device=dev)  # [T, N]: the state resets where episodes start
+        starts = batch.starts  # [T, N] on the host: the state resets where episodes start
         initial_state = as_t(batch.initial_state)  # [N, S]
         with torch.no_grad():
             # [T, N, S] the state after each step that a value is bootstrapped from: every slot's last
@@ -211,11 +214,10 @@ class Trainer:
         actions = as_t(batch.actions, torch.long if model.action_long else torch.float32)  # [T, N, *act]
         logprobs = as_t(batch.logprobs)  # [T, N]
         model.train()
-        keep = torch.as_tensor(valid, device=dev)  # [T, N]; False past a cut
-        stats = ppo.update(model, self.optimizer, obs, actions, starts, initial_state, keep, logprobs, advantages,
+        stats = ppo.update(model, self.optimizer, obs, actions, starts, initial_state, valid, logprobs, advantages,
                            returns, values, **self._settings())
         with torch.no_grad():  # an action of several parts: each part's entropy, after the update
-            entropies = model.entropy_by_entry(obs, starts, initial_state, keep)
+            entropies = model.entropy_by_entry(obs, starts, initial_state, torch.from_numpy(valid).to(dev))
         if self.obs_rms is not None:
             self._update_obs_rms(batch.obs[valid])
         return self._advance(batch, lag, start, lr, stats, entropies)
@@ -228,7 +230,7 @@ class Trainer:
             self._update_rms(self.reward_scaler.rms, np.zeros(0))
         lr = self._apply_learning_rate()
         self.model.train()
-        stats = ppo.optimize(self.model, self.optimizer, lambda idx: (), 0, device=self.device, **self._settings())
+        stats = ppo.optimize(self.model, self.optimizer, lambda *_: (), 0, device=self.device, **self._settings())
         if self.obs_rms is not None:
             self._update_obs_rms(np.zeros(0, self.spec.observation.array_dtype))
         return self._advance(None, np.zeros(0, np.int64), start, lr, stats)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from lockstep import sync
-from lockstep.common.device import resolve_device
+from lockstep.common.device import prepare_device
 from lockstep.config import Config
 from lockstep.config import save as save_config
 from lockstep.envs import env_spec
@@ -58,7 +58,7 @@ class Learner:
         self.token = token  # never written to the run directory
         self.config, self.run_dir = config, run_dir
         self.spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key)
-        self.device = resolve_device(config.learner.device)
+        self.device = prepare_device(config.learner.device, config.learner.deterministic)
         torch.set_num_threads(config.learner.torch_threads)
         self.strategy = sync.strategy(config.sync.strategy, config.sync.max_lag)
         self.ranks = ranks  # several learners training one policy (torch.distributed): distributed.py

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -68,34 +69,41 @@ class RecurrentPolicy(Policy):
     def _value_in(self, out: torch.Tensor) -> torch.Tensor:
         return out[..., self.size // 2:] if self.critic_lstm else out
 
-    def core(self, obs: torch.Tensor, starts: torch.Tensor, state: torch.Tensor,
+    def core(self, obs: torch.Tensor, starts: np.ndarray | torch.Tensor | None, state: torch.Tensor,
              cuts: Iterable[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs [T, B, *obs], starts [T, B], state [B, 2W] -> LSTM outputs [T, B, W], states after steps [T, B, 2W].
+        """obs [T, B, *obs], starts [T, B] (None: no episode starts), state [B, 2W] -> LSTM outputs [T, B, W],
+        states after steps [T, B, 2W].
 
         The sequence runs in segments, one ``nn.LSTM`` call each (a Python loop over single steps
         is several times slower): a segment ends before every step where some slot's episode starts,
         whose state is zeroed there, and before every step in ``cuts``. The state after a step is
         known where a segment ends (the last step, every step before a start or a cut); the other
-        rows of the returned states are NaN, so that reading one is loud.
+        rows of the returned states are NaN, so that reading one is loud. The segments are read from
+        ``starts`` on the host (the learner passes a numpy array): on a GPU, finding them in a device
+        tensor would wait for the device once per call.
         """
-        T, B = starts.shape
+        T, B = first_leaf(obs).shape[:2]
         x = self.torso(leaf_map(lambda o: o.reshape(T * B, *o.shape[2:]), obs)).reshape(T, B, -1)  # [T, B, width]
         h, c = state[None, :, : self.size], state[None, :, self.size:]  # [1, B, W] each
-        bounds = sorted({0, T} | {int(t) for t in starts.any(1).nonzero().flatten()} | {t for t in cuts if 0 < t < T})
+        host = np.zeros((T, B), bool) if starts is None else np.asarray(starts.cpu() if torch.is_tensor(starts)
+                                                                        else starts, bool)
+        bounds = sorted({0, T} | set(np.flatnonzero(host.any(1)).tolist()) | {t for t in cuts if 0 < t < T})
+        resets = None if starts is None else torch.from_numpy(host).to(x.device, non_blocking=True)  # [T, B]
         outputs = []
         states = torch.full((T, B, self.state_size), float("nan"), device=x.device)
         for first, end in zip(bounds[:-1], bounds[1:]):
-            keep = (1.0 - starts[first].float())[None, :, None]  # [1, B, 1]: zero the state where episodes start
-            out, (h, c) = self.lstm(x[first:end], ((h * keep).contiguous(), (c * keep).contiguous()))
+            if resets is not None:
+                keep = (1.0 - resets[first].float())[None, :, None]  # [1, B, 1]: zero the state where episodes start
+                h, c = h * keep, c * keep
+            out, (h, c) = self.lstm(x[first:end], (h.contiguous(), c.contiguous()))
             outputs.append(out)
             states[end - 1] = torch.cat([h[0], c[0]], -1)
         return torch.cat(outputs), states
 
     def step_features(self, obs: torch.Tensor, state: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        leaf = first_leaf(obs)
-        out, after = self.core(leaf_map(lambda o: o[None], obs), torch.zeros(1, leaf.shape[0], device=leaf.device),
-                               state)
+        # one step: no episode starts within it
+        out, after = self.core(leaf_map(lambda o: o[None], obs), None, state)
         out = out[0]  # [B, W]
         return self.actor(self._policy_in(out)), self.critic(self._value_in(out)).squeeze(-1), after[0]
 

@@ -41,7 +41,7 @@ import torch
 from lockstep import config as config_lib
 from lockstep.algo import noise
 from lockstep.algo.normalize import ObsNormalizer, as_tensors, stored_moments
-from lockstep.common.device import resolve_device
+from lockstep.common.device import prepare_device
 from lockstep.common.files import atomic_write
 from lockstep.envs import SpaceSpec, action_spec, env_actions, make_env, stack_records, with_action_mask
 from lockstep.learner import checkpoint as checkpoint_lib
@@ -123,7 +123,7 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
     called as each ends."""
     if episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {episodes}")
-    torch_device = resolve_device(device)
+    torch_device = prepare_device(device)  # on a GPU in float32, as the learner served it
     env_config = load_config(run_dir).env
     env_id = env_config.id
     env = make(env_id, video_dir is not None)

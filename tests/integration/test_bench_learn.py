@@ -130,7 +130,8 @@ def test_a_custom_suite_takes_presets_and_yaml_files_and_an_unknown_name_lists_t
     path.write_text("env: {id: CartPole-v1}\n")
     assert [(e.name, e.source) for e in suites.entries(f"acrobot,{path}")] == [("acrobot", "acrobot"),
                                                                               ("mine", str(path))]
-    with pytest.raises(config_lib.ConfigError, match="unknown suite 'mujocoo'; suites: classic, minatar, mujoco"):
+    with pytest.raises(config_lib.ConfigError,
+                       match="unknown suite 'mujocoo'; suites: classic, minatar, minigrid, mujoco"):
         suites.entries("mujocoo")
 
 

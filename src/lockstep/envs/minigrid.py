@@ -27,7 +27,7 @@ def make_minigrid(env_id: str, training: bool = True, **kwargs) -> gym.Env:
     """The env of ``minigrid:ENV``: ``gym.make(ENV, **kwargs)`` with its image declared as grid codes
     (module docstring). ``training`` changes nothing."""
     try:
-        import minigrid  # noqa: F401  registers the MiniGrid-* ids
+        # importing the minigrid package registers the MiniGrid-* ids in this process
         from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
     except ImportError as err:
         raise ValueError(f"MiniGrid env ids need minigrid: pip install -e '.[minigrid]' ({err})") from err

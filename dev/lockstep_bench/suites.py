@@ -40,6 +40,7 @@ from lockstep_bench import cell, runs
 SUITES: dict[str, tuple[str, ...]] = {
     "classic": ("cartpole-cleanrl", "acrobot", "cartpole-masked-lstm", "cartpole-masked-mlp"),
     "minatar": ("minatar-breakout",),
+    "minigrid": ("minigrid-doorkey",),
     "mujoco": ("halfcheetah", "hopper", "walker2d", "ant"),
     "atari": ("pong", "breakout"),
 }
@@ -94,6 +95,28 @@ PUBLISHED: dict[str, Published] = {
         "BreakoutNoFrameskip-v4", 414.66, 28.09, 10_000_000, "CleanRL ppo_atari.py", CLEANRL_PPO + "#ppo_ataripy",
         note="NoFrameskip-v4 with CleanRL's Atari wrappers, no sticky actions (ALE v5 ids default to "
              "repeat_action_probability 0.25)"),
+}
+
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a random policy scores on an entry's env and the return at which it counts as solved, for an env
+    without a published PPO table to compare with."""
+
+    env: str
+    random: float  # mean return of uniformly random actions
+    solved: float
+    source: str  # where both figures come from
+
+
+BOUNDS: dict[str, Bounds] = {
+    "minigrid-doorkey": Bounds(
+        "MiniGrid-DoorKey-5x5-v0", 0.04, 0.9,
+        "random: 300 episodes of env.action_space.sample() on minigrid 3.2.0 (most time out at 250 steps with "
+        "0); solved: the mean return 0.9+ reported for PPO on DoorKey-5x5 with rl-starter-files' settings "
+        "(https://github.com/lcswillems/rl-starter-files, those of the preset); the reward 1 - 0.9 * steps / 250 "
+        "is 0.9 or more for an episode of at most 27 steps"),
 }
 
 RUN_KEYS = ["seed", "run_dir", "final_return", "episodes", "env_steps", "wall_s", "sps", "process_s",
@@ -222,8 +245,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _plot(entry: Entry, env_id: str, rows: list[dict[str, Any]], published: dict[str, Any] | None,
-          out: Path) -> tuple[str | None, str | None]:
-    """Draw ENTRY.png from the runs that recorded a return; (its file name, None) or (None, why not)."""
+          bounds: Bounds | None, out: Path) -> tuple[str | None, str | None]:
+    """Draw ENTRY.png from the runs that recorded a return, with the published figure (else the solved return)
+    as a reference line; (its file name, None) or (None, why not)."""
     curves = []
     for row in rows:
         if row["env_steps"] is None:
@@ -239,6 +263,8 @@ def _plot(entry: Entry, env_id: str, rows: list[dict[str, Any]], published: dict
         budget = "" if published["same_budget"] else f" at {published['env_steps']:,} steps"
         reference = plot.Reference(f"CleanRL, {published['env']}{budget}: {published['mean']:g} ± "
                                    f"{published['std']:g}", published["mean"], published["std"])
+    elif bounds is not None:
+        reference = plot.Reference(f"solved: {bounds.solved:g} (random: {bounds.random:g})", bounds.solved, 0.0)
     seeds = f"{len(curves)} seed{'s' if len(curves) > 1 else ''}"
     path = out / f"{entry.name}.png"
     plot.draw([plot.Group(entry.name, curves, unit="seeds")], path, f"{env_id} ({entry.name}): {seeds}",
@@ -283,8 +309,9 @@ def run(options: SuiteOptions, out: Path, command: str) -> dict[str, Any]:
         limit = config.run.time_limit_s
         timeout_s = None if limit is None else 3 * limit + 120  # start-up, the last iteration past the cap, shutdown
         published = published_for(entry, config)
+        bounds = BOUNDS.get(entry.name)
         record.update(env=config.env.id, total_steps=config.ppo.total_steps, batch_size=config.batch_size,
-                      published=published)
+                      published=published, bounds=None if bounds is None else asdict(bounds))
         rows = []
         for seed in options.seeds:
             print(f"[suite] {entry.name} seed {seed}: {config.env.id}, {config.ppo.total_steps:,} env steps ...",
@@ -297,7 +324,7 @@ def run(options: SuiteOptions, out: Path, command: str) -> dict[str, Any]:
                 print(f"[suite] {entry.name} seed {seed}: final return {cell(row['final_return'])} after "
                       f"{row['env_steps']:,} env steps, {row['wall_s']:.1f} s", flush=True)
         record.update(summarize(rows))
-        record["plot"], record["plot_error"] = _plot(entry, config.env.id, rows, published, out)
+        record["plot"], record["plot_error"] = _plot(entry, config.env.id, rows, published, bounds, out)
         record["runs"] = rows
     report["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     report["elapsed_s"] = round(time.perf_counter() - began, 1)
@@ -363,6 +390,11 @@ def markdown(report: dict[str, Any]) -> str:
     none = [e["name"] for e in report["entries"] if not e["error"] and not e.get("published")]
     if none:
         lines.append(f"- no published CleanRL figure for: {', '.join(none)}")
+    for e in report["entries"]:
+        b = e.get("bounds")
+        if b:
+            lines.append(f"- {e['name']}: a random policy scores {b['random']:g} on {b['env']}, solved at "
+                         f"{b['solved']:g} ({b['source']})")
     problems = [f"- {e['name']}: {e['error']}" for e in report["entries"] if e["error"]]
     problems += [f"- {e['name']} seed {r['seed']}: {r['error']}" for e in report["entries"]
                  for r in e.get("runs", []) if r["error"]]

@@ -57,8 +57,8 @@ def setting(default: Any, help: str, *, flag: str | None = None, ge: float | Non
 class EnvConfig:
     """The environment every actor steps, and what the learner does to its observations and rewards."""
 
-    id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), atari:GAME, minatar:GAME, masked:ENV "
-                                     "or package.module:callable", flag="--env")
+    id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), atari:GAME, minatar:GAME, minigrid:ENV, "
+                                     "masked:ENV or package.module:callable", flag="--env")
     obs_keys: list[str] = setting([], "a Dict observation: the keys to keep (e.g. [image, direction]; a Text or "
                                       "other leaf lockstep cannot encode must be left out); empty: every key")
     action_mask_key: str = setting("action_mask", "a Dict observation's leaf that masks the Discrete and "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -130,7 +131,8 @@ def test_a_custom_suite_takes_presets_and_yaml_files_and_an_unknown_name_lists_t
     path.write_text("env: {id: CartPole-v1}\n")
     assert [(e.name, e.source) for e in suites.entries(f"acrobot,{path}")] == [("acrobot", "acrobot"),
                                                                               ("mine", str(path))]
-    with pytest.raises(config_lib.ConfigError, match="unknown suite 'mujocoo'; suites: classic, minatar, mujoco"):
+    with pytest.raises(config_lib.ConfigError,
+                       match="unknown suite 'mujocoo'; suites: classic, minatar, minigrid, mujoco"):
         suites.entries("mujocoo")
 
 
@@ -165,6 +167,21 @@ def test_an_entry_summary_is_the_mean_and_population_std_over_the_seeds_that_fin
     assert suites.summarize(rows) == {"seeds_ok": 2, "final_return_mean": 15.0, "final_return_std": 5.0,
                                       "env_steps": 100.0, "seconds": 3.0, "sps": 37.5,
                                       "loadavg_start": 0.5, "loadavg_end": 1.1}
+
+
+def test_an_entry_without_a_cleanrl_table_reports_the_random_and_solved_returns_with_their_source():
+    bounds = dataclasses.asdict(suites.BOUNDS["minigrid-doorkey"])
+    entry = {"name": "minigrid-doorkey", "error": None, "env": "minigrid:MiniGrid-DoorKey-5x5-v0", "seeds_ok": 1,
+             "runs": [{"seed": 1, "error": None}], "final_return_mean": 0.95, "final_return_std": 0.0,
+             "env_steps": 301_056, "seconds": 200.0, "sps": 1500.0, "loadavg_start": 1.0, "loadavg_end": 1.0,
+             "published": None, "bounds": bounds, "plot": None}
+    report = {"command": "lockstep bench learn --suite minigrid", "seeds": [1], "budget_scale": 1.0, "cpu_count": 2,
+              "torch": "2", "loadavg_at_start": [1.0], "loadavg_at_end": [1.0], "elapsed_s": 1.0,
+              "final_return": suites.FINAL_RETURN, "spread": suites.SPREAD, "curves": "curves", "entries": [entry]}
+    text = suites.markdown(report)
+    assert "- minigrid-doorkey: a random policy scores 0.04 on MiniGrid-DoorKey-5x5-v0, solved at 0.9 (" in text
+    assert "https://github.com/lcswillems/rl-starter-files" in text
+    assert suites.entries("minigrid")[0].error is None
 
 
 def test_a_suite_whose_presets_all_are_missing_exits_2_before_training(tmp_path, capsys):

@@ -25,6 +25,15 @@ def test_the_actor_side_imports_no_torch(module):
     assert "torch" not in _imported_after(module)
 
 
+def test_an_actor_stepping_a_minigrid_env_imports_no_torch():
+    pytest.importorskip("minigrid")
+    code = ("import sys; from lockstep.envs import make_vector_env; "
+            "envs = make_vector_env('minigrid:MiniGrid-DoorKey-5x5-v0', 2); envs.reset(seed=1); envs.step([0, 1]); "
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "minigrid" in loaded and "torch" not in loaded
+
+
 @pytest.mark.parametrize("module", ["lockstep.sync", "lockstep.sync.gate", "lockstep.sync.reference"])
 def test_sync_imports_neither_torch_nor_grpc(module):
     loaded = _imported_after(module)

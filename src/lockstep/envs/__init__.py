@@ -13,6 +13,10 @@ check). Schemes come first, then the other forms:
 - ``minatar:GAME``: a MinAtar game (``lockstep.envs.minatar``; asterix, breakout, freeway, seaquest,
   space_invaders), e.g. ``minatar:breakout``; observation Box(0, 1, (C, 10, 10), uint8), Discrete actions,
   episodes cut at 10,000 steps. Needs ``pip install -e '.[minatar]'``.
+- ``minigrid:ENV``: a registered MiniGrid env (``lockstep.envs.minigrid``), e.g.
+  ``minigrid:MiniGrid-DoorKey-5x5-v0``; observation a Dict of the ``image`` as grid codes
+  (MultiDiscrete [7, 7, 3], uint8), the ``direction`` and the ``mission`` Text (leave it out with
+  ``env.obs_keys``), Discrete actions. Needs ``pip install -e '.[minigrid]'``.
 - ``envpool:TASK``: an EnvPool Atari task as the actor's vector env, e.g. ``envpool:Breakout-v5``: the
   same spaces and preprocessing as ``atari:BreakoutNoFrameskip-v4``, stepped in C++ threads
   (``lockstep.envs.envpool``). Needs ``pip install -e '.[envpool]'``.
@@ -48,6 +52,7 @@ from lockstep.envs import envpool as envpool_backend
 from lockstep.envs.atari import make_atari
 from lockstep.envs.masked import make_masked
 from lockstep.envs.minatar import make_minatar
+from lockstep.envs.minigrid import make_minigrid
 
 # re-exported: the spaces' descriptions are part of what an env is to the rest of lockstep
 from lockstep.envs.spaces import SpaceSpec as SpaceSpec
@@ -70,7 +75,7 @@ class EnvSpec:
 
 # scheme -> make(name, training=True, **kwargs): the env of the id "scheme:name"
 SCHEMES: dict[str, Callable[..., gym.Env]] = {
-    "atari": make_atari, "minatar": make_minatar, "masked": make_masked,
+    "atari": make_atari, "minatar": make_minatar, "minigrid": make_minigrid, "masked": make_masked,
     # one env of an EnvPool task is its Gymnasium twin (same spaces, same preprocessing); vector envs are EnvPool's
     "envpool": lambda task, **kwargs: make_atari(envpool_backend.gymnasium_id(task).partition(":")[2], **kwargs),
 }
@@ -103,7 +108,7 @@ def resolve_env(env_id: str) -> Callable[..., gym.Env]:
 def reward_threshold(env_id: str) -> float | None:
     """The return at which ``env_id`` counts as solved: the ``reward_threshold`` of its Gymnasium
     registration (CartPole-v1: 475.0), or None for an id without one, an unregistered id and a
-    ``package.module:callable`` entry point. ``masked:ENV`` keeps ENV's; atari and minatar ids have none."""
+    ``package.module:callable`` entry point. ``masked:ENV`` keeps ENV's; atari, minatar and minigrid ids have none."""
     module_name, _, name = env_id.partition(":")
     if module_name == "masked":
         return reward_threshold(name)

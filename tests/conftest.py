@@ -41,6 +41,11 @@ def learner_config(overrides: Mapping[str, Any] | None = None) -> config_lib.Con
     config.run.progress = False
     config.ppo.total_steps = 10**9
     config.actors.count = 1
+    return with_settings(config, overrides)
+
+
+def with_settings(config: config_lib.Config, overrides: Mapping[str, Any] | None) -> config_lib.Config:
+    """``config`` with ``overrides`` set, dotted keys as ``--set`` takes them."""
     for key, value in (overrides or {}).items():
         config_lib.set_value(config, key, value)
     return config

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import with_settings
 
 from lockstep import config as config_lib
 from lockstep.envs import env_spec, make_env
@@ -38,12 +39,10 @@ def test_an_unknown_minigrid_env_suggests_the_close_ids():
 
 
 def test_a_short_run_of_the_preset_trains_over_actor_processes_and_passes_the_audit(tmp_path):
-    config = config_lib.load(PRESET)
-    for key, value in {"actors.count": 2, "actors.envs_per_actor": 2, "actors.transport": "grpc",
-                       "ppo.steps_per_env": 64, "ppo.total_steps": 1024, "ppo.minibatches": 2,
-                       "model.hidden": [16], "learner.device": "cpu", "run.progress": False,
-                       "run.audit": True}.items():
-        config_lib.set_value(config, key, value)
+    config = with_settings(config_lib.load(PRESET), {
+        "actors.count": 2, "actors.envs_per_actor": 2, "actors.transport": "grpc", "ppo.steps_per_env": 64,
+        "ppo.total_steps": 1024, "ppo.minibatches": 2, "model.hidden": [16], "learner.device": "cpu",
+        "run.progress": False, "run.audit": True})
     run_dir = tmp_path / "run"
     config.run.run_dir = str(run_dir)
     train(config, run_dir)

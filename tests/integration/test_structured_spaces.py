@@ -10,6 +10,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import learner_config
 from protocol import empty_step, hello
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -28,12 +29,10 @@ GLIMPSE = "lockstep.envs.tasks:Glimpse"  # image (uint8), clock (float32 vector)
 
 @pytest.mark.parametrize("transport", ["shm", "grpc"])
 def test_a_dict_observation_trains_end_to_end_and_passes_the_audit(tmp_path, transport):
-    config = config_lib.Config()
-    for key, value in {"env.id": GLIMPSE, "env.normalize_obs": True, "actors.count": 2, "actors.envs_per_actor": 2,
-                       "actors.transport": transport, "ppo.steps_per_env": 32, "ppo.total_steps": 1024,
-                       "model.hidden": [16], "learner.device": "cpu", "run.progress": False,
-                       "run.audit": True}.items():
-        config_lib.set_value(config, key, value)
+    config = learner_config({"env.id": GLIMPSE, "env.normalize_obs": True, "actors.count": 2,
+                             "actors.envs_per_actor": 2, "actors.transport": transport, "ppo.steps_per_env": 32,
+                             "ppo.total_steps": 1024, "model.hidden": [16], "learner.device": "cpu",
+                             "run.audit": True})
     run_dir = tmp_path / "run"
     config.run.run_dir = str(run_dir)
     train(config, run_dir)
@@ -73,12 +72,9 @@ def test_a_hello_whose_dict_differs_is_refused_naming_the_leaf(running_learner, 
 
 
 def _config(env_id: str, transport: str, **overrides) -> config_lib.Config:
-    config = config_lib.Config()
-    for key, value in {"env.id": env_id, "actors.count": 2, "actors.envs_per_actor": 4, "actors.transport": transport,
-                       "ppo.steps_per_env": 32, "ppo.total_steps": 4096, "model.hidden": [16],
-                       "learner.device": "cpu", "run.progress": False, **overrides}.items():
-        config_lib.set_value(config, key, value)
-    return config
+    return learner_config({"env.id": env_id, "actors.count": 2, "actors.envs_per_actor": 4,
+                           "actors.transport": transport, "ppo.steps_per_env": 32, "ppo.total_steps": 4096,
+                           "model.hidden": [16], "learner.device": "cpu", **overrides})
 
 
 def test_a_multidiscrete_action_learns_the_rewarded_combination(tmp_path):

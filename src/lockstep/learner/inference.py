@@ -47,9 +47,9 @@ def act(model: Policy, normalize: ObsNormalizer, obs: np.ndarray, uniform: np.nd
         uniform, state = np.asarray(uniform, np.float32), np.asarray(state, np.float32)
         if staged:  # a Dict or Tuple observation's records travel as one array per leaf
             paths = obs.dtype.names
-            *leaves, u, h = _to_device((*(obs[p] for p in paths), uniform, state) if paths else (obs, uniform, state),
-                                       device, pin=True)
-            x = dict(zip(paths, leaves)) if paths else leaves[0]
+            *moved, u, h = _to_device((*([obs[p] for p in paths] if paths else [obs]), uniform, state), device,
+                                      pin=True)
+            x = dict(zip(paths, moved)) if paths else moved[0]
         else:
             x, u, h = (as_tensors(obs, device), torch.as_tensor(uniform, device=device),
                        torch.as_tensor(state, device=device))

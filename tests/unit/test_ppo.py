@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lockstep.algo import noise
+from lockstep.algo import noise, ppo
 from lockstep.algo.ppo import gae, ppo_loss, update
 from lockstep.envs import SpaceSpec
 from lockstep.models import ActorCritic
@@ -408,3 +408,17 @@ def test_sample_is_deterministic_given_the_noise():
         a3, _, _ = _sample(model, obs, _noise(16, model.noise_width, seed=8))
     assert torch.equal(a1, a2) and torch.equal(lp1, lp2)
     assert not torch.equal(a1, a3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gae_on_the_host_gives_the_same_bits_as_the_torch_recursion(dtype):
+    """The CPU path (numpy) must not change a single advantage: same operations, same order, same precision."""
+    g = torch.Generator().manual_seed(3)
+    T, N = 257, 5
+    rewards, values, next_values = (torch.randn(T, N, generator=g, dtype=dtype) for _ in range(3))
+    continues = (torch.rand(T, N, generator=g) > 0.05).to(dtype)
+    host = ppo._gae_host(rewards, values, next_values, continues, 0.99, 0.95)
+    device = ppo._gae_device(rewards, values, next_values, continues, 0.99, 0.95)
+    for a, b in zip(host, device):
+        assert a.dtype == dtype
+        assert torch.equal(a, b)

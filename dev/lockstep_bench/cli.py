@@ -267,7 +267,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = bench_sub.add_parser("peers", help="CleanRL's ppo.py and ppo_continuous_action.py against the matching "
                                            "lockstep presets, interleaved: env steps/s and seconds to a return")
     p.add_argument("--out", default="bench-results/peers", help="folder for peers.md, peers.json and runs/")
-    p.add_argument("--only", choices=["cartpole", "hopper"], help="one workload (default: both)")
+    p.add_argument("--only", choices=["cartpole", "hopper", "halfcheetah"], help="one workload (default: all)")
     p.add_argument("--steps", type=int, help="env steps of every run (default 100,000 CartPole, 40,960 Hopper; "
                                              "8,192 and 4,096 with --quick)")
     p.add_argument("--seeds", type=int, default=1, help="run seeds 1 to N")

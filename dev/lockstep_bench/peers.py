@@ -6,6 +6,7 @@ doing hits both alike:
 
     cartpole  CleanRL ``ppo.py --env-id CartPole-v1``            against ``lockstep train --config cartpole-cleanrl``
     hopper    CleanRL ``ppo_continuous_action.py --env-id Hopper-v4`` against ``lockstep train --config hopper``
+    halfcheetah  the same script with ``--env-id HalfCheetah-v4`` against ``lockstep train --config halfcheetah``
 
 Both train for the same number of env steps with the same seed and report two figures:
 
@@ -74,6 +75,10 @@ class Workload:
 WORKLOADS = {
     "cartpole": Workload("cartpole", "ppo.py", "CartPole-v1", "cartpole-cleanrl", 100_000, 8_192, 195.0, 4 * 128),
     "hopper": Workload("hopper", "ppo_continuous_action.py", "Hopper-v4", "hopper", 40_960, 4_096, 500.0, 2048),
+    # HalfCheetah has no early terminations: every episode is 1,000 steps, and a random policy scores about
+    # -280, so 0 is the first sign of running forward that both reach within a short run
+    "halfcheetah": Workload("halfcheetah", "ppo_continuous_action.py", "HalfCheetah-v4", "halfcheetah", 40_960,
+                            4_096, 0.0, 2048),
 }
 
 

@@ -32,7 +32,7 @@ def test_every_agent_of_every_env_is_a_slot_with_the_active_leaf():
 
 def test_an_agent_that_left_is_inactive_until_its_env_resets():
     _, history = _run(12)
-    for t, (obs, reward, terminated, truncated, infos) in enumerate(history[1:], start=1):
+    for t, (obs, reward, terminated, truncated, _infos) in enumerate(history[1:], start=1):
         active = obs[ACTIVE_LEAF][:, 0]
         step_in_episode = t % 10  # the observation after step t acts at this step of its episode
         for slot, agent in enumerate(["a0", "a1", "a2"] * 2):

@@ -82,6 +82,7 @@ SCHEMES: dict[str, Callable[..., gym.Env]] = {
     "atari": make_atari, "minatar": make_minatar, "minigrid": make_minigrid, "masked": make_masked,
     # one env of an EnvPool task is its Gymnasium twin (same spaces, same preprocessing); vector envs are EnvPool's
     "envpool": lambda task, **kwargs: make_atari(envpool_backend.gymnasium_id(task).partition(":")[2], **kwargs),
+    "pettingzoo": pettingzoo.single_env,  # refuses: its agents are slots of a vector env (make_vector_env)
 }
 
 

@@ -181,3 +181,9 @@ class _AgentView:
 def agent_view(module_name: str) -> _AgentView:
     """The spaces of one agent's slot of ``pettingzoo:MODULE``."""
     return _AgentView(make_vector(module_name, 1))
+
+
+def single_env(module_name: str, **kwargs) -> gym.Env:
+    """What asks for one Gymnasium env of a multi-agent id (``lockstep eval``, ``envs.make_env``): refused."""
+    raise ValueError(f"pettingzoo:{module_name} is a multi-agent env: its agents are slots of the actor's vector "
+                     "env, and there is no single-agent env of it to play (its returns are in metrics.csv)")

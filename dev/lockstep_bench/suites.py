@@ -41,6 +41,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "classic": ("cartpole-cleanrl", "acrobot", "cartpole-masked-lstm", "cartpole-masked-mlp"),
     "minatar": ("minatar-breakout",),
     "minigrid": ("minigrid-doorkey",),
+    "multiagent": ("mpe-spread",),
     "mujoco": ("halfcheetah", "hopper", "walker2d", "ant"),
     "atari": ("pong", "breakout"),
 }
@@ -117,6 +118,12 @@ BOUNDS: dict[str, Bounds] = {
         "0); solved: the mean return 0.9+ reported for PPO on DoorKey-5x5 with rl-starter-files' settings "
         "(https://github.com/lcswillems/rl-starter-files, those of the preset); the reward 1 - 0.9 * steps / 250 "
         "is 0.9 or more for an episode of at most 27 steps"),
+    "mpe-spread": Bounds(
+        "mpe2 simple_spread_v3 (N=3, 25 steps, local_ratio 0.5), per-agent return", -27.0, -12.4,
+        "random: 200 episodes of uniformly random actions (-27.0 +- 7.6 per agent); solved: a fixed assignment "
+        "that steers agent i straight to landmark i (-12.4 +- 4.5 per agent over 200 episodes), a hand-written "
+        "policy, not a published PPO figure: MAPPO's MPE results (Yu et al. 2021) use a centralized critic and "
+        "report another average, so they are not quoted here"),
 }
 
 RUN_KEYS = ["seed", "run_dir", "final_return", "episodes", "env_steps", "wall_s", "sps", "process_s",

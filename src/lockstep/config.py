@@ -58,7 +58,7 @@ class EnvConfig:
     """The environment every actor steps, and what the learner does to its observations and rewards."""
 
     id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), atari:GAME, minatar:GAME, minigrid:ENV, "
-                                     "masked:ENV or package.module:callable", flag="--env")
+                                     "pettingzoo:MODULE, masked:ENV or package.module:callable", flag="--env")
     obs_keys: list[str] = setting([], "a Dict observation: the keys to keep (e.g. [image, direction]; a Text or "
                                       "other leaf lockstep cannot encode must be left out); empty: every key")
     action_mask_key: str = setting("action_mask", "a Dict observation's leaf that masks the Discrete and "
@@ -303,6 +303,9 @@ class Config:
              f"per slot); {self.sync.strategy!r} updates the model in place"),
             (not self.run.eval_video_every or self.run.eval_every > 0,
              "run.eval_video_every records evaluations while training: it needs run.eval_every > 0"),
+            (not self.run.eval_every or not self.env.id.startswith("pettingzoo:"),
+             f"run.eval_every plays single-agent episodes; {self.env.id} is a multi-agent env, whose returns "
+             "are in metrics.csv: leave run.eval_every at 0"),
             (not self.model.critic_lstm or self.model.lstm_size > 0,
              "model.critic_lstm gives the critic its own LSTM: it needs model.lstm_size > 0"),
         ]

@@ -132,7 +132,7 @@ def test_a_custom_suite_takes_presets_and_yaml_files_and_an_unknown_name_lists_t
     assert [(e.name, e.source) for e in suites.entries(f"acrobot,{path}")] == [("acrobot", "acrobot"),
                                                                               ("mine", str(path))]
     with pytest.raises(config_lib.ConfigError,
-                       match="unknown suite 'mujocoo'; suites: classic, minatar, minigrid, mujoco"):
+                       match="unknown suite 'mujocoo'; suites: classic, minatar, minigrid, multiagent, mujoco"):
         suites.entries("mujocoo")
 
 

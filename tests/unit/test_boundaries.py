@@ -34,6 +34,18 @@ def test_an_actor_stepping_a_minigrid_env_imports_no_torch():
     assert "minigrid" in loaded and "torch" not in loaded
 
 
+@pytest.mark.parametrize("env_id, package", [("pettingzoo:mpe2.simple_spread_v3", "mpe2"),
+                                             ("pettingzoo:lockstep.envs.departures", "lockstep")])
+def test_an_actor_stepping_a_pettingzoo_env_imports_no_torch(env_id, package):
+    pytest.importorskip(package)
+    code = ("import sys; import numpy as np; from lockstep.envs import make_vector_env; "
+            f"envs = make_vector_env({env_id!r}, 2); envs.reset(seed=list(range(envs.num_envs))); "
+            "[envs.step(np.zeros(envs.num_envs, np.int64)) for _ in range(30)]; "
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert package in loaded and "torch" not in loaded
+
+
 @pytest.mark.parametrize("module", ["lockstep.sync", "lockstep.sync.gate", "lockstep.sync.reference"])
 def test_sync_imports_neither_torch_nor_grpc(module):
     loaded = _imported_after(module)

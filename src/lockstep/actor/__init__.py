@@ -33,7 +33,7 @@ class ActorOptions:
     learner: str = "127.0.0.1:50051"  # host:port (gRPC) or unix:/path (same host, shared memory)
     env: str = EnvConfig.id
     obs_keys: tuple[str, ...] = ()  # env.obs_keys: the keys of a Dict observation to keep (empty: all)
-    envs_per_actor: int = ActorsConfig.envs_per_actor
+    envs_per_actor: int = ActorsConfig.envs_per_actor  # envs; a multi-agent env's vector has a slot per agent
     actor_id: int = 0
     connect_timeout: float = 60.0  # for each connection attempt
     retry_for_s: float = 300.0  # keep reconnecting this long after the learner went away (0: never)
@@ -123,7 +123,7 @@ def _run(opts: ActorOptions, vec) -> int:
     name = f"actor {opts.actor_id}"
     while True:
         hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex,
-                         num_envs=opts.envs_per_actor, env_id=opts.env, observation_space=space_to_proto(obs_spec),
+                         num_envs=vec.num_envs, env_id=opts.env, observation_space=space_to_proto(obs_spec),
                          action_space=space_to_proto(act_spec))
         conn = None
         try:
@@ -131,7 +131,7 @@ def _run(opts: ActorOptions, vec) -> int:
             log.info("%s: connected to %s (learner run %s)", name, opts.learner, conn.welcome.learner_run)
             backoff.reset()
             if loop.obs is None:
-                loop.reset(envs_lib.env_seeds(conn.welcome.seed, opts.actor_id, opts.envs_per_actor))
+                loop.reset(envs_lib.env_seeds(conn.welcome.seed, opts.actor_id, vec.num_envs))
             else:
                 loop.forget_outcome()
             while True:

@@ -20,6 +20,9 @@ check). Schemes come first, then the other forms:
 - ``envpool:TASK``: an EnvPool Atari task as the actor's vector env, e.g. ``envpool:Breakout-v5``: the
   same spaces and preprocessing as ``atari:BreakoutNoFrameskip-v4``, stepped in C++ threads
   (``lockstep.envs.envpool``). Needs ``pip install -e '.[envpool]'``.
+- ``pettingzoo:MODULE``: a PettingZoo parallel env (``lockstep.envs.pettingzoo``), e.g.
+  ``pettingzoo:mpe2.simple_spread_v3``: every agent of every env is one slot, all agents share the policy;
+  observation a Dict of the agent's own and ``agent_active``. Needs ``pip install -e '.[pettingzoo]'``.
 - ``masked:ENV``: a control env with its velocities hidden (``lockstep.envs.masked``), e.g.
   ``masked:CartPole-v1``: observation Box((2,), float32), cart position and pole angle.
 - a registered Gymnasium id, e.g. ``CartPole-v1``, or ``module:EnvId`` (the module registers it).
@@ -49,6 +52,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from lockstep.envs import envpool as envpool_backend
+from lockstep.envs import pettingzoo
 from lockstep.envs.atari import make_atari
 from lockstep.envs.masked import make_masked
 from lockstep.envs.minatar import make_minatar
@@ -78,6 +82,7 @@ SCHEMES: dict[str, Callable[..., gym.Env]] = {
     "atari": make_atari, "minatar": make_minatar, "minigrid": make_minigrid, "masked": make_masked,
     # one env of an EnvPool task is its Gymnasium twin (same spaces, same preprocessing); vector envs are EnvPool's
     "envpool": lambda task, **kwargs: make_atari(envpool_backend.gymnasium_id(task).partition(":")[2], **kwargs),
+    "pettingzoo": pettingzoo.single_env,  # refuses: its agents are slots of a vector env (make_vector_env)
 }
 
 
@@ -195,6 +200,8 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     scheme, _, name = env_id.partition(":")
     if scheme == "envpool":  # EnvPool steps the envs in C++ threads, with the same-step semantics (wrappers/envpool.py)
         return envpool_backend.EnvpoolVector(name, num_envs)
+    if scheme == "pettingzoo":  # num_envs envs, one slot per agent: num_envs x agents slots
+        return pettingzoo.make_vector(name, num_envs)
     envs = gym.vector.SyncVectorEnv(
         [lambda: make_env(env_id) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
     )
@@ -205,7 +212,8 @@ def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mas
     """The spaces of one environment of ``env_id``; ``obs_keys`` (``env.obs_keys``) keeps those keys of a
     Dict observation, whose leaf ``action_mask_key`` (``env.action_mask_key``), if it has one, masks the
     actions (``spaces.with_action_mask``)."""
-    env: Any = resolve_env(env_id)()
+    scheme, _, name = env_id.partition(":")
+    env: Any = pettingzoo.agent_view(name) if scheme == "pettingzoo" else resolve_env(env_id)()
     try:
         action = action_spec(env.action_space)
         observation = SpaceSpec.from_space(env.observation_space, obs_keys)

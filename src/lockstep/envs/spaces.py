@@ -28,6 +28,10 @@ import gymnasium as gym
 import numpy as np
 
 LEAF_SPACES = "Box, Discrete, MultiDiscrete and MultiBinary"
+# A Dict observation's leaf (MultiBinary(1)) that says whether the slot's agent still takes part: 0 where a
+# multi-agent env's agent has left its episode early (``envs.pettingzoo``). The learner trains on no step
+# whose flag is 0 (``learner.rollout.Batch.valid``).
+ACTIVE_LEAF = "agent_active"
 
 
 @dataclass(frozen=True)

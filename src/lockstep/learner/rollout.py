@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lockstep.envs.spaces import ACTIVE_LEAF
+
 if TYPE_CHECKING:
     from lockstep.sync import ClosedPhase
 
@@ -120,8 +122,17 @@ class Batch:
 
     @property
     def valid(self) -> np.ndarray:
-        """[T, N] True where a slot has a step (False past the end of an unroll cut short)."""
-        return np.arange(self.num_steps)[:, None] < self.lengths[None, :]
+        """[T, N] True where a slot has a step to train on: False past the end of an unroll cut short, and
+        where the slot's agent had left its episode (a multi-agent env's ``agent_active`` leaf is 0)."""
+        within = np.arange(self.num_steps)[:, None] < self.lengths[None, :]
+        if self.obs.dtype.names and ACTIVE_LEAF in self.obs.dtype.names:
+            within &= self.obs[ACTIVE_LEAF].reshape(self.num_steps, self.num_slots, -1)[..., 0] != 0
+        return within
+
+    @property
+    def inactive(self) -> int:
+        """Steps within the slots' lengths whose agent had left (never trained on)."""
+        return self.size - int(self.valid.sum())
 
     @property
     def size(self) -> int:

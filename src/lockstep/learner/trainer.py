@@ -108,7 +108,7 @@ def bootstrap(batch: Batch, values: torch.Tensor,
     truncated = torch.as_tensor(batch.truncated, dtype=torch.float32, device=dev)  # [T, N]
     last = torch.as_tensor(batch.lengths - 1, device=dev)  # [N] each slot's last step
     slots = torch.arange(N, device=dev)  # [N]
-    past = ~torch.as_tensor(batch.valid, device=dev)  # [T, N] steps past a slot's last one
+    past = ~torch.as_tensor(batch.valid, device=dev)  # [T, N] steps past a slot's last one, or of an agent gone
     next_values = torch.zeros_like(values)  # [T, N]
     next_values[:-1] = values[1:]
     next_values[last, slots] = value_fn(batch.bootstrap_obs, last, slots)  # [N]
@@ -186,7 +186,7 @@ class Trainer:
         """One PPO update on ``batch``; afterwards ``version`` is one higher."""
         start = time.perf_counter()
         cfg = self.config.ppo
-        valid = batch.valid  # [T, N]; False only past the end of unrolls cut short
+        valid = batch.valid  # [T, N]; False past the end of unrolls cut short and where an agent had left
         lag = self._lag(batch)
         dev = self.device
 

@@ -15,6 +15,7 @@ from lockstep.algo.normalize import ObsNormalizer, as_tensors
 from lockstep.config import Config
 from lockstep.config import load as load_config
 from lockstep.envs import EnvSpec, env_spec
+from lockstep.envs.spaces import ACTIVE_LEAF
 from lockstep.learner import checkpoint
 from lockstep.models import Policy, build_policy
 from lockstep.tools.policy import PolicyMismatch, load_policy
@@ -40,6 +41,7 @@ class IterationAudit:
     max_lag: int | None = 0  # the strategy's bound on trained_by - version; None: unbounded
     snapshots: bool = True  # served by immutable versions, so every sample must recompute exactly
     samples: int = 0
+    inactive: int = 0  # of ``samples``: steps of a multi-agent env's slot whose agent had left (never trained on)
     versions: list[int] = field(default_factory=list)  # distinct version stamps, ascending
     lag_max: int = 0  # trained_by - min(versions)
     off_version: int = 0  # samples whose stamp is not trained_by
@@ -114,6 +116,10 @@ class AuditReport:
     @property
     def differing(self) -> int:
         return sum(it.differing for it in self.iterations)
+
+    @property
+    def inactive(self) -> int:
+        return sum(it.inactive for it in self.iterations)
 
     @property
     def off_version(self) -> int:
@@ -241,6 +247,8 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
     recomputed = _recompute(obs, actions, stamps, valid, initial_state, starts, policies)[valid]
     stored, stamps = stored[valid], stamps[valid]
     result.samples = int(stored.size)
+    if obs.dtype.names and ACTIVE_LEAF in obs.dtype.names:
+        result.inactive = int(np.count_nonzero(obs[ACTIVE_LEAF].reshape(*TN, -1)[..., 0][valid] == 0))
     versions = np.unique(stamps)
     result.versions = [int(v) for v in versions]
     if result.samples:
@@ -382,6 +390,9 @@ def format_report(report: AuditReport) -> str:
         lines.append(f"... and {hidden} clean iteration(s) not shown")
     lines.append(f"{len(report.iterations)} iteration(s) checked, {report.samples} samples, "
                  f"{report.differing} differing, {report.off_version} not produced by the version that trained on them")
+    if report.inactive:
+        lines.append(f"{report.inactive} of the samples are steps of agents that had left their episode: recorded "
+                     "and recomputed, never trained on (agent_active 0)")
     lines.append(report.verdict)
     return "\n".join(lines)
 

@@ -33,8 +33,8 @@ class InProcessFraming:
 
     def __init__(self, env_id: str, num_envs: int, actor_id: int, obs_keys: tuple[str, ...] = ()) -> None:
         self.peer = f"actor {actor_id} (in process)"
-        self.env_id, self.num_envs, self.actor_id = env_id, num_envs, actor_id
         self._vec = envs_lib.make_vector_env(env_id, num_envs)
+        self.env_id, self.num_envs, self.actor_id = env_id, self._vec.num_envs, actor_id  # slots: one per agent
         self._obs_spec = envs_lib.SpaceSpec.from_space(self._vec.single_observation_space, obs_keys)
         self._act_spec = envs_lib.action_spec(self._vec.single_action_space)
         self._loop = EnvLoop(self._vec, self._act_spec, self._obs_spec)

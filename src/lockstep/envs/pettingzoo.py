@@ -1,0 +1,189 @@
+"""PettingZoo parallel envs as env slots: every agent of every env is one slot of the actor's vector env.
+
+``pettingzoo:MODULE`` names a module with a ``parallel_env()`` (e.g. ``pettingzoo:mpe2.simple_spread_v3``).
+The agents share the policy (parameter sharing): each slot acts on its own agent's observation, and the
+learner sees one more vector env of ``envs x agents`` slots, in env order, each env's agents in
+``possible_agents`` order.
+
+The observation of a slot is a Dict: the agent's own observation (under ``observation``, or its own keys if it
+is a Dict, e.g. ``action_mask``) and ``agent_active`` (MultiBinary(1)).
+
+Agents that leave early. PettingZoo drops an agent from ``env.agents`` when it terminates or truncates
+before the others. Its slot's step at leaving carries its flag, its last reward and, if it was truncated,
+its last observation; from then until its env's episode ends, the slot is inactive: ``agent_active`` 0, a
+placeholder observation (zeros; an action mask allowing every action), reward 0, its action ignored, and
+each of its steps flagged terminated, so that no return, advantage trace or recurrent state runs through
+them. The learner never trains on a step whose ``agent_active`` is 0 (``learner.rollout.Batch.valid``). When
+every agent has left, the env resets in the same step and every slot acts again.
+
+Imported by the actor: no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from lockstep.envs.spaces import ACTIVE_LEAF
+
+OBSERVATION_LEAF = "observation"  # where an agent's observation goes when it is not a Dict itself
+
+
+def parallel_factory(module_name: str) -> Callable[[], Any]:
+    """A factory of MODULE's parallel env; a ValueError naming the problem for anything else."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"pettingzoo:{module_name}: cannot import {module_name!r} ({err}); PettingZoo envs need "
+                         "pip install -e '.[pettingzoo]'") from err
+    if not callable(getattr(module, "parallel_env", None)):
+        raise ValueError(f"pettingzoo:{module_name}: the module has no parallel_env(); lockstep runs PettingZoo's "
+                         "parallel API (a turn-based AEC game has only env())")
+    return module.parallel_env
+
+
+def _same_spaces(env: Any) -> tuple[gym.Space, gym.Space]:
+    """The one observation and action space every agent has; a ValueError naming the agents that differ."""
+    agents = list(env.possible_agents)
+    first = agents[0]
+    obs, act = env.observation_space(first), env.action_space(first)
+    for agent in agents[1:]:
+        if env.observation_space(agent) != obs or env.action_space(agent) != act:
+            raise ValueError(
+                f"agents {first!r} and {agent!r} have different spaces (observation {obs} vs "
+                f"{env.observation_space(agent)}, action {act} vs {env.action_space(agent)}); the agents share one "
+                "policy, so lockstep needs the same spaces for all of them (pad them in a wrapper of the env)")
+    return obs, act
+
+
+class ParallelSlots(gym.vector.VectorEnv):
+    """``num_envs`` PettingZoo parallel envs, one slot per agent (module docstring), with same-step reset.
+
+    ``step`` returns what the actor's ``EnvLoop`` reads of a Gymnasium vector env: observations as a dict of
+    [k, *leaf] arrays, rewards and flags [k], ``infos["final_obs"]`` at truncated slots, and each finished
+    agent episode in ``infos["episode"]`` / ``infos["_episode"]``.
+    """
+
+    def __init__(self, make: Callable[[], Any], num_envs: int) -> None:
+        self.envs = [make() for _ in range(num_envs)]
+        first = self.envs[0]
+        self.agents = list(first.possible_agents)
+        if not self.agents:
+            raise ValueError("the PettingZoo env has no agents")
+        obs_space, self.single_action_space = _same_spaces(first)
+        self.num_envs = num_envs * len(self.agents)
+        leaves = dict(obs_space.spaces) if isinstance(obs_space, gym.spaces.Dict) else {OBSERVATION_LEAF: obs_space}
+        if ACTIVE_LEAF in leaves:
+            raise ValueError(f"the agents' observation already has a key {ACTIVE_LEAF!r}, which lockstep adds itself")
+        self._dict_obs = isinstance(obs_space, gym.spaces.Dict)
+        self.single_observation_space = gym.spaces.Dict(leaves | {ACTIVE_LEAF: gym.spaces.MultiBinary(1)})
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+        self._placeholder = self._inactive_obs(self.single_observation_space)
+        self._obs: list[dict] = [{} for _ in range(self.num_envs)]  # each slot's observation, as one agent's dict
+        self._return = np.zeros(self.num_envs, np.float64)
+        self._length = np.zeros(self.num_envs, np.int64)
+
+    @staticmethod
+    def _inactive_obs(space: gym.spaces.Dict) -> dict:
+        """Zeros for every leaf; ones for an action mask, so that a slot with no agent still allows an action."""
+        return {key: (np.ones if key == "action_mask" else np.zeros)(leaf.shape, leaf.dtype)
+                for key, leaf in space.spaces.items()}
+
+    def _slot_obs(self, agent_obs: Any) -> dict:
+        leaves = dict(agent_obs) if self._dict_obs else {OBSERVATION_LEAF: agent_obs}
+        leaves[ACTIVE_LEAF] = np.ones(1, np.int8)
+        return leaves
+
+    def _batch(self) -> dict[str, np.ndarray]:
+        return {key: np.stack([o[key] for o in self._obs]) for key in self.single_observation_space.spaces}
+
+    def _reset_env(self, e: int, seed: int | None) -> None:
+        observations, _ = self.envs[e].reset(seed=seed)
+        A = len(self.agents)
+        for i, agent in enumerate(self.agents):
+            slot = e * A + i
+            self._obs[slot] = self._slot_obs(observations[agent]) if agent in observations else self._placeholder
+            self._return[slot], self._length[slot] = 0.0, 0
+
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        A = len(self.agents)
+        for e in range(len(self.envs)):
+            s = seed[e * A] if isinstance(seed, list) else (None if seed is None else seed + e)
+            self._reset_env(e, s)
+        return self._batch(), {}
+
+    def step(self, actions: np.ndarray):
+        k, A = self.num_envs, len(self.agents)
+        reward = np.zeros(k, np.float32)
+        terminated = np.zeros(k, bool)
+        truncated = np.zeros(k, bool)
+        final_obs = np.empty(k, object)
+        ended = np.zeros(k, bool)
+        ep_return, ep_length = np.zeros(k, np.float64), np.zeros(k, np.int64)
+        for e, env in enumerate(self.envs):
+            live = list(env.agents)
+            observations, rewards, terms, truncs, _ = env.step(
+                {agent: actions[e * A + self.agents.index(agent)] for agent in live})
+            for i, agent in enumerate(self.agents):
+                slot = e * A + i
+                if agent not in live:  # left earlier: an inactive step (module docstring)
+                    terminated[slot] = True
+                    self._obs[slot] = self._placeholder
+                    continue
+                reward[slot] = rewards.get(agent, 0.0)
+                self._return[slot] += reward[slot]
+                self._length[slot] += 1
+                terminated[slot] = bool(terms.get(agent, False))
+                truncated[slot] = bool(truncs.get(agent, False))
+                if terminated[slot] or truncated[slot]:
+                    ended[slot] = True
+                    ep_return[slot], ep_length[slot] = self._return[slot], self._length[slot]
+                    if truncated[slot] and not terminated[slot]:  # its last observation bootstraps its value
+                        final_obs[slot] = self._slot_obs(observations[agent])
+                    self._obs[slot] = self._placeholder
+                else:
+                    self._obs[slot] = self._slot_obs(observations[agent])
+            if not env.agents:  # every agent has left: the next episode starts in this step
+                self._reset_env(e, None)
+        infos: dict[str, Any] = {"final_obs": final_obs}
+        if ended.any():
+            infos["episode"], infos["_episode"] = {"r": ep_return, "l": ep_length}, ended
+        return self._batch(), reward, terminated, truncated, infos
+
+    def close(self, **kwargs) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def make_vector(module_name: str, num_envs: int) -> ParallelSlots:
+    """The actor's vector env for ``pettingzoo:MODULE``: ``num_envs`` envs, one slot per agent."""
+    return ParallelSlots(parallel_factory(module_name), num_envs)
+
+
+class _AgentView:
+    """One slot's spaces, for what asks an env for its spaces (``envs.env_spec``)."""
+
+    def __init__(self, slots: ParallelSlots) -> None:
+        self._slots = slots
+        self.observation_space = slots.single_observation_space
+        self.action_space = slots.single_action_space
+
+    def close(self) -> None:
+        self._slots.close()
+
+
+def agent_view(module_name: str) -> _AgentView:
+    """The spaces of one agent's slot of ``pettingzoo:MODULE``."""
+    return _AgentView(make_vector(module_name, 1))
+
+
+def single_env(module_name: str, **kwargs) -> gym.Env:
+    """What asks for one Gymnasium env of a multi-agent id (``lockstep eval``, ``envs.make_env``): refused."""
+    raise ValueError(f"pettingzoo:{module_name} is a multi-agent env: its agents are slots of the actor's vector "
+                     "env, and there is no single-agent env of it to play (its returns are in metrics.csv)")

@@ -1,0 +1,83 @@
+"""The PettingZoo parallel vector env: one slot per agent, agents that leave early, same-step resets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lockstep import envs
+from lockstep.envs import departures, pettingzoo
+from lockstep.envs.spaces import ACTIVE_LEAF
+
+DEPARTURES = "pettingzoo:lockstep.envs.departures"
+
+
+def _run(steps: int, num_envs: int = 2):
+    vec = envs.make_vector_env(DEPARTURES, num_envs)
+    obs, _ = vec.reset(seed=list(range(vec.num_envs)))
+    history = [(obs, None)]
+    for _ in range(steps):
+        actions = np.zeros(vec.num_envs, np.int64)
+        history.append(vec.step(actions))
+    return vec, history
+
+
+def test_every_agent_of_every_env_is_a_slot_with_the_active_leaf():
+    vec, history = _run(0)
+    assert vec.num_envs == 2 * 3
+    assert set(vec.single_observation_space.spaces) == {"observation", ACTIVE_LEAF}
+    obs, _ = history[0]
+    assert obs["observation"].shape == (6, 3) and obs[ACTIVE_LEAF].tolist() == [[1]] * 6
+
+
+def test_an_agent_that_left_is_inactive_until_its_env_resets():
+    _, history = _run(12)
+    for t, (obs, reward, terminated, truncated, _infos) in enumerate(history[1:], start=1):
+        active = obs[ACTIVE_LEAF][:, 0]
+        step_in_episode = t % 10  # the observation after step t acts at this step of its episode
+        for slot, agent in enumerate(["a0", "a1", "a2"] * 2):
+            life = departures.LIFETIMES[agent]
+            assert active[slot] == (step_in_episode < life), (t, agent)
+            if not active[slot]:  # a placeholder: zeros
+                assert not obs["observation"][slot].any()
+            was_gone = (t - 1) % 10 >= life  # it acted at step t only if it had not left
+            if was_gone:
+                assert reward[slot] == 0 and terminated[slot] and not truncated[slot]
+            elif t % 10 == life % 10:
+                assert terminated[slot] == (agent != "a2") and truncated[slot] == (agent == "a2")
+
+
+def test_a_truncated_agent_hands_over_its_last_observation_and_each_agent_episode_is_reported():
+    _, history = _run(10)
+    obs, reward, terminated, truncated, infos = history[10]
+    assert truncated.tolist() == [False, False, True] * 2
+    final = infos["final_obs"]
+    assert final[2][ACTIVE_LEAF].tolist() == [1] and final[2]["observation"][1] == pytest.approx(1.0)
+    assert obs[ACTIVE_LEAF][:, 0].tolist() == [1] * 6  # every env reset in the same step
+    lengths = {}
+    for _, _, _, _, info in history[1:]:
+        if "episode" in info:
+            for slot in np.flatnonzero(info["_episode"]):
+                lengths.setdefault(slot, []).append(int(info["episode"]["l"][slot]))
+    assert lengths == {0: [3], 1: [6], 2: [10], 3: [3], 4: [6], 5: [10]}
+
+
+class _Mixed(departures.Departures):
+    def observation_space(self, agent):
+        import gymnasium as gym
+        return gym.spaces.Box(0, 1, (4 if agent == "a1" else 3,), np.float32)
+
+
+def test_agents_with_different_spaces_are_refused_by_name():
+    with pytest.raises(ValueError, match="agents 'a0' and 'a1' have different spaces"):
+        pettingzoo.ParallelSlots(_Mixed, 1)
+
+
+def test_a_module_without_a_parallel_env_is_refused():
+    with pytest.raises(ValueError, match="has no parallel_env"):
+        envs.make_vector_env("pettingzoo:lockstep.envs.tasks", 1)
+
+
+def test_the_learner_sees_one_agent_slot_spaces():
+    spec = envs.env_spec(DEPARTURES)
+    assert sorted(path for path, _ in spec.observation.leaves) == [ACTIVE_LEAF, "observation"]

@@ -80,7 +80,8 @@ class UsageError(Exception):
     """A command line that cannot work; the message names the fix (exit code 2)."""
 
 
-def check_env(env_id: str, obs_keys: list[str] | tuple[str, ...] = (), action_mask_key: str = "") -> None:
+def check_env(env_id: str, obs_keys: list[str] | tuple[str, ...] = (), action_mask_key: str = "",
+              kwargs: dict | None = None) -> None:
     """Make one env of ``env_id`` before anything starts, so that an unknown id or a missing optional extra
     is one line that names the fix instead of a traceback from inside the learner or an actor."""
     import difflib
@@ -90,7 +91,7 @@ def check_env(env_id: str, obs_keys: list[str] | tuple[str, ...] = (), action_ma
     from lockstep import envs
 
     try:
-        envs.env_spec(env_id, obs_keys, action_mask_key)
+        envs.env_spec(env_id, obs_keys, action_mask_key, kwargs)
     except gym.error.Error as err:  # DependencyNotInstalled names gymnasium's extra; ours wraps it
         extra = next((e for e in ("mujoco", "atari", "minatar") if e in str(err).lower()), None)
         fix = f" (with lockstep: pip install -e '.[{extra}]')" if extra else ""
@@ -149,7 +150,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 def cmd_train(args: argparse.Namespace, parts: Parts | None = None) -> int:
     """``lockstep train``; ``parts``: the learner's replaceable parts (``learner.parts``; benchmarks)."""
     config = resolve_config(args)
-    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key)
+    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.kwargs)
     from lockstep.launch.local import train
     from lockstep.learner.parts import DEFAULT_PARTS
 
@@ -162,7 +163,7 @@ def cmd_train(args: argparse.Namespace, parts: Parts | None = None) -> int:
 
 def cmd_learner(args: argparse.Namespace) -> int:
     config = resolve_config(args)
-    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key)
+    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.kwargs)
     from lockstep.launch.local import train
 
     run_dir = Path(config.run.run_dir)
@@ -182,6 +183,7 @@ def actor_options(args: argparse.Namespace) -> ActorOptions:
         if getattr(args, dotted) is not None:
             config_lib.set_value(config, dotted, getattr(args, dotted))
     return ActorOptions(learner=args.learner, env=config.env.id, obs_keys=tuple(config.env.obs_keys),
+                        env_kwargs=dict(config.env.kwargs),
                         envs_per_actor=config.actors.envs_per_actor,
                         actor_id=args.actor_id, connect_timeout=args.connect_timeout, retry_for_s=args.retry_for,
                         token=security.token_from(args.token), tls_ca=args.tls_ca,
@@ -193,14 +195,14 @@ def cmd_actor(args: argparse.Namespace) -> int:
     # imported (nothing before this line imports it); the actor says what went wrong in one line of its own.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     opts = actor_options(args)
-    check_env(opts.env, opts.obs_keys)
+    check_env(opts.env, opts.obs_keys, kwargs=opts.env_kwargs)
     from lockstep.actor import run
 
     return run(opts)
 
 
 # the config fields `lockstep actor` takes, with its flags for them (--num-envs: the name it had before)
-ACTOR_SETTINGS = {"env.id": ("--env",), "env.obs_keys": ("--obs-keys",),
+ACTOR_SETTINGS = {"env.id": ("--env",), "env.obs_keys": ("--obs-keys",), "env.kwargs": ("--env-kwargs",),
                   "actors.envs_per_actor": ("--envs-per-actor", "--num-envs")}
 
 

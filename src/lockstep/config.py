@@ -48,8 +48,8 @@ def setting(default: Any, help: str, *, flag: str | None = None, ge: float | Non
     default: ``--audit``, ``--no-progress``), and the range its value must lie in (``ge``: at least, ``gt``:
     more than, ``le``: at most)."""
     metadata = {"help": help, "flag": flag, "ge": ge, "gt": gt, "le": le}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=metadata)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
@@ -59,6 +59,9 @@ class EnvConfig:
 
     id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), atari:GAME, minatar:GAME, minigrid:ENV, "
                                      "pettingzoo:MODULE, masked:ENV or package.module:callable", flag="--env")
+    kwargs: dict[str, Any] = setting({}, "keyword arguments for the env's constructor (gym.make, a PettingZoo "
+                                         "parallel_env, your callable), e.g. {N: 4, max_cycles: 50}; every actor "
+                                         "builds its envs with them", flag="--env-kwargs")
     obs_keys: list[str] = setting([], "a Dict observation: the keys to keep (e.g. [image, direction]; a Text or "
                                       "other leaf lockstep cannot encode must be left out); empty: every key")
     action_mask_key: str = setting("action_mask", "a Dict observation's leaf that masks the Discrete and "
@@ -348,7 +351,7 @@ class Setting:
         """The one place that says a value is not allowed: not one of the choices, or out of range."""
         if self.choices and value not in self.choices:
             raise ConfigError(f"{self.dotted} must be one of {', '.join(self.choices)}, got {value!r}")
-        if value is None or isinstance(value, (bool, str, list)):
+        if value is None or isinstance(value, (bool, str, list, dict)):
             return
         if ((self.ge is not None and value < self.ge) or (self.gt is not None and value <= self.gt)
                 or (self.le is not None and value > self.le)):
@@ -374,6 +377,8 @@ def _type_name(hint: Any) -> str:
         return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or none"
     if origin is list:
         return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return "mapping"
     return hint.__name__
 
 
@@ -578,6 +583,8 @@ def _coerce(value: Any, hint: Any) -> Any:
                 return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0])
+    if origin is dict:
+        return _mapping(value)
     if origin is list:
         if isinstance(value, str):
             value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
@@ -605,6 +612,15 @@ def _coerce(value: Any, hint: Any) -> Any:
     if hint is str:
         return str(value)
     raise TypeError(f"unsupported field type {hint}")
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A mapping of names to YAML values: as YAML gave it, or a string of YAML or JSON (``{N: 4}``) from a flag."""
+    if isinstance(value, str):
+        value = yaml.safe_load(value) if value.strip() else {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
+        raise ValueError("expected a mapping of keyword names to values, e.g. {N: 4, max_cycles: 50}")
+    return dict(value)
 
 
 

@@ -48,3 +48,19 @@ def test_the_agents_learn_to_say_their_cue_back(tmp_path):
     # random: half of each agent's lifetime, (1.5 + 3 + 5) / 3 = 3.17 a mean agent episode; best (3 + 6 + 10) / 3
     summary = train(_config("inprocess", **{"ppo.total_steps": 48 * 12 * T, "ppo.lr": 0.003}), tmp_path / "run")
     assert summary["episode_return_mean"] > 4.5, summary["episode_return_mean"]  # seeds 1-3: 5.4, 5.2, 5.3
+
+
+@pytest.mark.parametrize("transport", ["shm", "inprocess"])
+def test_env_kwargs_build_every_actor_env(tmp_path, transport):
+    """simple_spread with N=2 instead of its default 3: 2 actors x 2 envs x 2 agents = 8 slots."""
+    pytest.importorskip("mpe2")
+    run_dir = tmp_path / "run"
+    config = learner_config({"env.id": "pettingzoo:mpe2.simple_spread_v3", "env.kwargs": {"N": 2, "max_cycles": 8},
+                             "actors.count": 2, "actors.envs_per_actor": 2, "actors.transport": transport,
+                             "ppo.steps_per_env": 16, "ppo.total_steps": 2 * 8 * 16, "model.hidden": [8],
+                             "learner.device": "cpu", "run.audit": True})
+    summary = train(config, run_dir)
+    assert summary["env_steps"] == 2 * 8 * 16
+    with np.load(run_dir / "audit" / "batch_000001.npz") as batch:
+        assert batch["obs/observation"].shape[:2] == (16, 8)
+    assert audit.check(run_dir).exit_code == 0

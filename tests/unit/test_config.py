@@ -495,3 +495,14 @@ def test_benchmark_knobs_that_left_the_config_load_at_their_old_defaults_and_are
         config_lib.load(old)
     with pytest.raises(config_lib.ConfigError, match="run.collect_only is no longer a config key.*--collect-only"):
         config_lib.apply_sets(config_lib.Config(), ["run.collect_only=true"])
+
+
+def test_env_kwargs_are_a_mapping_from_yaml_or_a_flag():
+    config = Config()
+    config_lib.set_value(config, "env.kwargs", "{N: 4, max_cycles: 50}")
+    assert config.env.kwargs == {"N": 4, "max_cycles": 50}
+    config_lib.set_value(config, "env.kwargs", {"continuous_actions": True})
+    assert config.env.kwargs == {"continuous_actions": True}
+    assert Config().env.kwargs == {}  # each config its own mapping
+    with pytest.raises(config_lib.ConfigError, match="env.kwargs: cannot use .*expected a mapping of keyword names"):
+        config_lib.set_value(config, "env.kwargs", "[1, 2]")

@@ -33,6 +33,7 @@ class ActorOptions:
     learner: str = "127.0.0.1:50051"  # host:port (gRPC) or unix:/path (same host, shared memory)
     env: str = EnvConfig.id
     obs_keys: tuple[str, ...] = ()  # env.obs_keys: the keys of a Dict observation to keep (empty: all)
+    env_kwargs: dict = field(default_factory=dict)  # env.kwargs: for the env's constructor
     envs_per_actor: int = ActorsConfig.envs_per_actor  # envs; a multi-agent env's vector has a slot per agent
     actor_id: int = 0
     connect_timeout: float = 60.0  # for each connection attempt
@@ -108,7 +109,7 @@ def run(opts: ActorOptions) -> int:
     """Connect, act until the learner finishes training, reconnecting if it goes away. Returns an exit code:
     0 training finished, 1 no learner (any more), 2 the learner refused this actor or the actor's connection
     settings cannot work with it (one log line names the cause and the flag that fixes it)."""
-    vec = envs_lib.make_vector_env(opts.env, opts.envs_per_actor)
+    vec = envs_lib.make_vector_env(opts.env, opts.envs_per_actor, opts.env_kwargs)
     try:
         return _run(opts, vec)
     finally:

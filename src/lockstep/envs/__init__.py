@@ -188,32 +188,38 @@ class FinishedEpisodes(gym.vector.VectorWrapper):
         return obs, reward, terminated, truncated, infos
 
 
-def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None) -> gym.vector.VectorEnv:
     """A synchronous vector env of ``make_env(env_id)`` that resets finished episodes in the same step.
 
     Same-step autoreset means every observation sent to the learner is one to act
     on, and a truncated episode's last observation arrives in ``infos["final_obs"]``.
-    Finished episodes are reported in ``infos["episode"]`` (``FinishedEpisodes``).
+    Finished episodes are reported in ``infos["episode"]`` (``FinishedEpisodes``). ``kwargs`` (``env.kwargs``)
+    go to the env's constructor.
     """
+    kwargs = kwargs or {}
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
     scheme, _, name = env_id.partition(":")
     if scheme == "envpool":  # EnvPool steps the envs in C++ threads, with the same-step semantics (wrappers/envpool.py)
+        if kwargs:
+            raise ValueError(f"{env_id}: env.kwargs are not passed to EnvPool; leave env.kwargs empty")
         return envpool_backend.EnvpoolVector(name, num_envs)
     if scheme == "pettingzoo":  # num_envs envs, one slot per agent: num_envs x agents slots
-        return pettingzoo.make_vector(name, num_envs)
+        return pettingzoo.make_vector(name, num_envs, kwargs)
     envs = gym.vector.SyncVectorEnv(
-        [lambda: make_env(env_id) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
+        [lambda: make_env(env_id, **kwargs) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
     )
     return FinishedEpisodes(envs)
 
 
-def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mask_key: str = "") -> EnvSpec:
+def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mask_key: str = "",
+             kwargs: dict[str, Any] | None = None) -> EnvSpec:
     """The spaces of one environment of ``env_id``; ``obs_keys`` (``env.obs_keys``) keeps those keys of a
     Dict observation, whose leaf ``action_mask_key`` (``env.action_mask_key``), if it has one, masks the
-    actions (``spaces.with_action_mask``)."""
+    actions (``spaces.with_action_mask``); ``kwargs`` (``env.kwargs``) go to the env's constructor."""
     scheme, _, name = env_id.partition(":")
-    env: Any = pettingzoo.agent_view(name) if scheme == "pettingzoo" else resolve_env(env_id)()
+    kwargs = kwargs or {}
+    env: Any = pettingzoo.agent_view(name, kwargs) if scheme == "pettingzoo" else resolve_env(env_id)(**kwargs)
     try:
         action = action_spec(env.action_space)
         observation = SpaceSpec.from_space(env.observation_space, obs_keys)

@@ -33,7 +33,7 @@ from lockstep.envs.spaces import ACTIVE_LEAF
 OBSERVATION_LEAF = "observation"  # where an agent's observation goes when it is not a Dict itself
 
 
-def parallel_factory(module_name: str) -> Callable[[], Any]:
+def parallel_factory(module_name: str, kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
     """A factory of MODULE's parallel env; a ValueError naming the problem for anything else."""
     try:
         module = importlib.import_module(module_name)
@@ -43,7 +43,7 @@ def parallel_factory(module_name: str) -> Callable[[], Any]:
     if not callable(getattr(module, "parallel_env", None)):
         raise ValueError(f"pettingzoo:{module_name}: the module has no parallel_env(); lockstep runs PettingZoo's "
                          "parallel API (a turn-based AEC game has only env())")
-    return module.parallel_env
+    return lambda: module.parallel_env(**(kwargs or {}))
 
 
 def _same_spaces(env: Any) -> tuple[gym.Space, gym.Space]:
@@ -161,9 +161,10 @@ class ParallelSlots(gym.vector.VectorEnv):
             env.close()
 
 
-def make_vector(module_name: str, num_envs: int) -> ParallelSlots:
-    """The actor's vector env for ``pettingzoo:MODULE``: ``num_envs`` envs, one slot per agent."""
-    return ParallelSlots(parallel_factory(module_name), num_envs)
+def make_vector(module_name: str, num_envs: int, kwargs: dict[str, Any] | None = None) -> ParallelSlots:
+    """The actor's vector env for ``pettingzoo:MODULE``: ``num_envs`` envs, one slot per agent, each env built
+    with ``kwargs`` (``env.kwargs``)."""
+    return ParallelSlots(parallel_factory(module_name, kwargs), num_envs)
 
 
 class _AgentView:
@@ -178,9 +179,9 @@ class _AgentView:
         self._slots.close()
 
 
-def agent_view(module_name: str) -> _AgentView:
+def agent_view(module_name: str, kwargs: dict[str, Any] | None = None) -> _AgentView:
     """The spaces of one agent's slot of ``pettingzoo:MODULE``."""
-    return _AgentView(make_vector(module_name, 1))
+    return _AgentView(make_vector(module_name, 1, kwargs))
 
 
 def single_env(module_name: str, **kwargs) -> gym.Env:

@@ -28,9 +28,9 @@ class InProcessActors(Supervisor[Future]):
     """Actors ``actor_ids`` with ``num_envs`` envs of ``env_id`` each, run on the learner's event loop."""
 
     def __init__(self, env_id: str, num_envs: int, actor_ids: list[int], policy: RestartPolicy,
-                 obs_keys: tuple[str, ...] = ()) -> None:
+                 obs_keys: tuple[str, ...] = (), env_kwargs: dict | None = None) -> None:
         super().__init__(actor_ids, policy)
-        self.env_id, self.num_envs, self.obs_keys = env_id, num_envs, obs_keys
+        self.env_id, self.num_envs, self.obs_keys, self.env_kwargs = env_id, num_envs, obs_keys, env_kwargs
         self._learner: Learner | None = None
         self._refusals = RefusalLog(log)
 
@@ -47,7 +47,7 @@ class InProcessActors(Supervisor[Future]):
         """One env loop to its end; its exit code, as an actor process's."""
         try:
             await serve_env_loop(self._learner.sessions, self.env_id, self.num_envs, actor_id, self._refusals,
-                                 self.obs_keys)
+                                 self.obs_keys, self.env_kwargs)
             return FINISHED
         except Refused as err:
             log.error("actor %d (in process): the learner refused it: %s", actor_id, err)

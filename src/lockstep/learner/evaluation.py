@@ -279,7 +279,7 @@ class _Evaluation:
         from lockstep.tools.eval import env_specs, make, play
         from lockstep.tools.policy import load_policy
 
-        env = make(self.config.env.id, video is not None)
+        env = make(self.config.env.id, video is not None, self.config.env.kwargs)
         try:
             specs = env_specs(env, self.config.env)
             mean, var = stored_moments(request["obs_rms"])  # of the whole observation, or of each Box leaf

@@ -57,7 +57,7 @@ class Learner:
         security.check_server(config.learner.listen, token, config.learner.tls_cert, config.learner.tls_key)
         self.token = token  # never written to the run directory
         self.config, self.run_dir = config, run_dir
-        self.spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key)
+        self.spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.kwargs)
         self.device = prepare_device(config.learner.device, config.learner.deterministic)
         torch.set_num_threads(config.learner.torch_threads)
         self.strategy = sync.strategy(config.sync.strategy, config.sync.max_lag)

@@ -126,7 +126,7 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
     torch_device = prepare_device(device)  # on a GPU in float32, as the learner served it
     env_config = load_config(run_dir).env
     env_id = env_config.id
-    env = make(env_id, video_dir is not None)
+    env = make(env_id, video_dir is not None, env_config.kwargs)
     try:
         obs_spec, act_spec = env_specs(env, env_config)
         _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, obs_spec, act_spec,
@@ -173,23 +173,23 @@ def write_report(report: Report, out: Path) -> Path:
     return atomic_write(out, json.dumps(report.to_dict(), indent=2) + "\n")
 
 
-def make(env_id: str, render: bool):
+def make(env_id: str, render: bool, kwargs: dict | None = None):
     """One env of ``env_id`` as evaluation plays it (``training=False``), rendering ``rgb_array`` frames when
-    ``render``; an ``EvalError`` that says why it cannot be made."""
+    ``render``, built with ``kwargs`` (``env.kwargs``); an ``EvalError`` that says why it cannot be made."""
     try:
-        return _make_env(env_id, render)
+        return _make_env(env_id, render, kwargs or {})
     except (ValueError, gym.error.Error) as err:  # an env package this machine lacks, ...
         raise EvalError(f"cannot make {env_id}: {err}") from err
 
 
-def _make_env(env_id: str, render: bool):
+def _make_env(env_id: str, render: bool, kwargs: dict):
     if not render:
-        return make_env(env_id, training=False)
+        return make_env(env_id, training=False, **kwargs)
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo makes its first GL context, below
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame (classic control) draws off screen, silently
     try:
-        env = make_env(env_id, training=False, render_mode="rgb_array")
+        env = make_env(env_id, training=False, render_mode="rgb_array", **kwargs)
     except TypeError as err:  # a factory without render_mode
         raise EvalError(f"cannot record {env_id}: its factory does not take render_mode ({err})") from err
     if "rgb_array" not in env.metadata.get("render_modes", []):

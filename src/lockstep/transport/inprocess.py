@@ -31,9 +31,10 @@ class InProcessFraming:
     """One actor's vector env as a ``connection.Framing``: the hello describes the env, a step is the env
     loop's outcome, a reply steps the envs, and a refusal is raised (as ``Refused``) to whoever runs it."""
 
-    def __init__(self, env_id: str, num_envs: int, actor_id: int, obs_keys: tuple[str, ...] = ()) -> None:
+    def __init__(self, env_id: str, num_envs: int, actor_id: int, obs_keys: tuple[str, ...] = (),
+                 env_kwargs: dict | None = None) -> None:
         self.peer = f"actor {actor_id} (in process)"
-        self._vec = envs_lib.make_vector_env(env_id, num_envs)
+        self._vec = envs_lib.make_vector_env(env_id, num_envs, env_kwargs)
         self.env_id, self.num_envs, self.actor_id = env_id, self._vec.num_envs, actor_id  # slots: one per agent
         self._obs_spec = envs_lib.SpaceSpec.from_space(self._vec.single_observation_space, obs_keys)
         self._act_spec = envs_lib.action_spec(self._vec.single_action_space)
@@ -72,6 +73,7 @@ class InProcessFraming:
 
 
 async def serve_env_loop(handler: ActorHandler, env_id: str, num_envs: int, actor_id: int,
-                         refusals: RefusalLog, obs_keys: tuple[str, ...] = ()) -> None:
+                         refusals: RefusalLog, obs_keys: tuple[str, ...] = (), env_kwargs: dict | None = None) -> None:
     """Run one in-process actor until training is over; raises ``Refused``, or what its env raised."""
-    await send_connection(InProcessFraming(env_id, num_envs, actor_id, obs_keys), handler, refusals, CodecClock())
+    await send_connection(InProcessFraming(env_id, num_envs, actor_id, obs_keys, env_kwargs), handler, refusals,
+                          CodecClock())

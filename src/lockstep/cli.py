@@ -235,7 +235,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from lockstep.tools import eval as evaluation
 
     return evaluation.main(Path(args.run_dir), args.episodes, args.deterministic, args.seed, args.device,
-                           args.checkpoint, args.video, args.out)
+                           args.checkpoint, args.video, args.out, args.opponent)
 
 
 # command -> (its line in `lockstep --help`, what it does, examples) for `lockstep COMMAND --help`
@@ -341,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video", metavar="DIR", help="write DIR/episode-NNN.mp4 per episode (pip install -e '.[video]')")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
     p.add_argument("--out", metavar="FILE.json", help="where to write the results (default RUN_DIR/eval.json)")
+    p.add_argument("--opponent", metavar="random|self|RUN_DIR",
+                   help="a turn-based game's opponent (default random): random legal moves, the policy itself, or "
+                        "another run's final policy; eval.json gets win_rate, draw_rate and loss_rate")
     p.set_defaults(func=cmd_eval)
 
     p = _command(sub, "plot")

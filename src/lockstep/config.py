@@ -219,6 +219,24 @@ class SyncConfig:
                                 flag="--min-unroll", ge=0, le=1)
 
 
+Opponents = Literal["self", "pool"]
+
+
+@dataclass
+class SelfPlayConfig:
+    """Self-play on a turn-based game (env id pettingzoo:MODULE of an AEC game): who plays the opponents' moves.
+    Only the learning player's moves are trained; the opponents' are inference on the learner, never in a batch."""
+
+    opponents: Opponents = setting("pool", "self: every opponent move by the version that acts for the learning "
+                                   "player; pool: by frozen past versions (selfplay.pool_size, "
+                                   "selfplay.snapshot_every)")
+    pool_size: int = setting(8, "pool: the most past versions kept; the oldest leaves when a newer one joins", ge=1)
+    snapshot_every: int = setting(10, "pool: a version joins the pool every this many versions (version 0 first)",
+                                  ge=1)
+    latest: float = setting(0.5, "pool: the chance that a slot's opponent is the current version rather than one "
+                            "drawn uniformly from the pool; drawn for every slot at each new version", ge=0, le=1)
+
+
 @dataclass
 class RunConfig:
     """This run: its name and directory, seed, stopping rules, checkpoints and what it records."""
@@ -270,6 +288,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
     run: RunConfig = field(default_factory=RunConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 
@@ -306,7 +325,7 @@ class Config:
              f"per slot); {self.sync.strategy!r} updates the model in place"),
             (not self.run.eval_video_every or self.run.eval_every > 0,
              "run.eval_video_every records evaluations while training: it needs run.eval_every > 0"),
-            (not self.run.eval_every or not self.env.id.startswith("pettingzoo:"),
+            (not self.run.eval_every or not _parallel_multiagent(self.env.id),
              f"run.eval_every plays single-agent episodes; {self.env.id} is a multi-agent env, whose returns "
              "are in metrics.csv: leave run.eval_every at 0"),
             (not self.model.critic_lstm or self.model.lstm_size > 0,
@@ -315,6 +334,19 @@ class Config:
         for ok, message in rules:
             if not ok:
                 raise ConfigError(message)
+
+
+def _parallel_multiagent(env_id: str) -> bool:
+    """Whether ``env_id`` is a PettingZoo parallel env (not a turn-based self-play game, which evaluates)."""
+    scheme, _, name = env_id.partition(":")
+    if scheme != "pettingzoo":
+        return False
+    from lockstep.envs import selfplay  # imports the game's module: only for a pettingzoo id
+
+    try:
+        return not selfplay.is_turn_based(name)
+    except ValueError:  # a module that does not import: the env's own check names it
+        return False
 
 
 class ConfigError(ValueError):

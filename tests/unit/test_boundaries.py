@@ -35,7 +35,8 @@ def test_an_actor_stepping_a_minigrid_env_imports_no_torch():
 
 
 @pytest.mark.parametrize("env_id, package", [("pettingzoo:mpe2.simple_spread_v3", "mpe2"),
-                                             ("pettingzoo:lockstep.envs.departures", "lockstep")])
+                                             ("pettingzoo:lockstep.envs.departures", "lockstep"),
+                                             ("pettingzoo:pettingzoo.classic.connect_four_v3", "pettingzoo")])
 def test_an_actor_stepping_a_pettingzoo_env_imports_no_torch(env_id, package):
     pytest.importorskip(package)
     code = ("import sys; import numpy as np; from lockstep.envs import make_vector_env; "

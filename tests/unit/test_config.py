@@ -244,8 +244,8 @@ def test_save_then_load_round_trips(tmp_path):
 def test_save_writes_every_section(tmp_path):
     path = tmp_path / "config.yaml"
     save(Config(), path)
-    assert set(yaml.safe_load(path.read_text())) == {"env", "actors", "ppo", "model", "learner", "sync", "run",
-                                                      "debug"}
+    assert set(yaml.safe_load(path.read_text())) == {"env", "actors", "ppo", "model", "learner", "sync", "selfplay",
+                                                      "run", "debug"}
 
 
 # --- presets ---------------------------------------------------------------------------------

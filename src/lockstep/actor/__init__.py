@@ -21,7 +21,7 @@ from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.grpc import security
 from lockstep.transport.grpc.client import Connection, LearnerClosed, LearnerRefused, Misconfigured
-from lockstep.transport.messages import StepData, space_to_proto
+from lockstep.transport.messages import OPPONENT, StepData, space_to_proto
 from lockstep.transport.shm.client import LocalConnection
 from lockstep.transport.shm.layout import is_local
 
@@ -61,7 +61,10 @@ class EnvLoop:
         self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
 
     def reset(self, seeds: list[int]) -> None:
-        obs, _ = self.vec.reset(seed=seeds)
+        self.reset_to(self.vec.reset(seed=seeds)[0])
+
+    def reset_to(self, obs) -> None:
+        """Start from the observations of a reset of the vector env."""
         self.obs = envs_lib.to_records(obs, self.obs_spec)
         self.final_obs = np.zeros((0, *self.obs.shape[1:]), self.obs.dtype)
 
@@ -84,8 +87,16 @@ class EnvLoop:
                         self.ep_return, self.ep_length)
 
     def step(self, actions: np.ndarray) -> None:
-        # Box parts clipped (the learner keeps the unclipped action), flat vectors cut into the env's parts
-        obs, reward, self.terminated, self.truncated, info = self.vec.step(envs_lib.env_actions(actions, self.act_spec))
+        self.record(self.vec.step(self.env_actions(actions)))
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """The learner's actions as the env takes them: Box parts clipped (the learner keeps the unclipped
+        action), flat vectors cut into the env's parts."""
+        return envs_lib.env_actions(actions, self.act_spec)
+
+    def record(self, result: tuple) -> None:
+        """Keep what the vector env's step returned (obs, reward, terminated, truncated, info) for ``outcome``."""
+        obs, reward, self.terminated, self.truncated, info = result
         self.obs = obs = envs_lib.to_records(obs, self.obs_spec)
         self.reward = reward.astype(np.float32, copy=False)
         # Same-step autoreset: `obs` already holds reset observations where an episode ended;
@@ -105,6 +116,15 @@ class EnvLoop:
             self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
 
 
+def opponent_request(obs, waiting: np.ndarray, obs_spec: envs_lib.SpaceSpec) -> StepData:
+    """A self-play env's request for its opponents' moves as a step of the opponents' connection
+    (``learner.opponents``): their observations [k, *obs], ``terminated`` [k] marking the slots that wait."""
+    records = envs_lib.to_records(obs, obs_spec)
+    k = len(records)
+    return StepData(records, np.zeros(k, np.float32), np.asarray(waiting, bool), np.zeros(k, bool),
+                    np.zeros(0, np.int64), records[:0], np.zeros(0, np.float64), np.zeros(0, np.int64))
+
+
 def run(opts: ActorOptions) -> int:
     """Connect, act until the learner finishes training, reconnecting if it goes away. Returns an exit code:
     0 training finished, 1 no learner (any more), 2 the learner refused this actor or the actor's connection
@@ -122,14 +142,19 @@ def _run(opts: ActorOptions, vec) -> int:
     loop = EnvLoop(vec, act_spec, obs_spec)
     backoff = Backoff(base_s=0.5, cap_s=10.0, budget_s=opts.retry_for_s)
     name = f"actor {opts.actor_id}"
+    selfplay = isinstance(vec, envs_lib.selfplay.SelfPlayVectorEnv)  # a second connection plays the opponents
     while True:
         hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex,
                          num_envs=vec.num_envs, env_id=opts.env, observation_space=space_to_proto(obs_spec),
                          action_space=space_to_proto(act_spec))
-        conn = None
+        conn = opponents = None
         try:
             conn = _connect(opts, hello)
             log.info("%s: connected to %s (learner run %s)", name, opts.learner, conn.welcome.learner_run)
+            if selfplay:
+                hello.run_id, hello.role = uuid.uuid4().hex, OPPONENT
+                opponents = _connect(opts, hello)
+                vec.opponent = functools.partial(_opponent_moves, opponents, obs_spec)
             backoff.reset()
             if loop.obs is None:
                 loop.reset(envs_lib.env_seeds(conn.welcome.seed, opts.actor_id, vec.num_envs))
@@ -150,12 +175,17 @@ def _run(opts: ActorOptions, vec) -> int:
         except ConnectionError as err:  # also what a transport makes of a lost learner
             log.warning("%s: %s", name, err)
         finally:
-            if conn is not None:
-                conn.close()
+            for c in (opponents, conn):
+                if c is not None:
+                    c.close()
         if not backoff.wait():
             log.error("%s: no learner at %s for %.0f s; giving up", name, opts.learner, opts.retry_for_s)
             return 1
         log.info("%s: reconnecting to %s", name, opts.learner)
+
+
+def _opponent_moves(conn: Connection | LocalConnection, obs_spec: envs_lib.SpaceSpec, obs, waiting: np.ndarray):
+    return conn.act(opponent_request(obs, waiting, obs_spec))[0]
 
 
 def _connect(opts: ActorOptions, hello: pb.Hello) -> Connection | LocalConnection:

@@ -17,6 +17,10 @@ check). Schemes come first, then the other forms:
   ``minigrid:MiniGrid-DoorKey-5x5-v0``; observation a Dict of the ``image`` as grid codes
   (MultiDiscrete [7, 7, 3], uint8), the ``direction`` and the ``mission`` Text (leave it out with
   ``env.obs_keys``), Discrete actions. Needs ``pip install -e '.[minigrid]'``.
+- ``pettingzoo:MODULE``, MODULE a turn-based PettingZoo game (no ``parallel_env``), e.g.
+  ``pettingzoo:pettingzoo.classic.connect_four_v3``: self-play (``lockstep.envs.selfplay``), each slot one
+  game seen from the learning player, the opponents' moves played by the learner's snapshots. Needs
+  ``pip install -e '.[pettingzoo]'``.
 - ``envpool:TASK``: an EnvPool Atari task as the actor's vector env, e.g. ``envpool:Breakout-v5``: the
   same spaces and preprocessing as ``atari:BreakoutNoFrameskip-v4``, stepped in C++ threads
   (``lockstep.envs.envpool``). Needs ``pip install -e '.[envpool]'``.
@@ -52,7 +56,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from lockstep.envs import envpool as envpool_backend
-from lockstep.envs import pettingzoo
+from lockstep.envs import pettingzoo, selfplay
 from lockstep.envs.atari import make_atari
 from lockstep.envs.masked import make_masked
 from lockstep.envs.minatar import make_minatar
@@ -82,7 +86,9 @@ SCHEMES: dict[str, Callable[..., gym.Env]] = {
     "atari": make_atari, "minatar": make_minatar, "minigrid": make_minigrid, "masked": make_masked,
     # one env of an EnvPool task is its Gymnasium twin (same spaces, same preprocessing); vector envs are EnvPool's
     "envpool": lambda task, **kwargs: make_atari(envpool_backend.gymnasium_id(task).partition(":")[2], **kwargs),
-    "pettingzoo": pettingzoo.single_env,  # refuses: its agents are slots of a vector env (make_vector_env)
+    "pettingzoo": lambda name, training=True, **kwargs: (
+        selfplay.make_game(name, **kwargs) if selfplay.is_turn_based(name)  # the learning player's view of a game
+        else pettingzoo.single_env(name)),  # refused: a parallel env's agents are slots of a vector env
 }
 
 
@@ -204,6 +210,8 @@ def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = 
         if kwargs:
             raise ValueError(f"{env_id}: env.kwargs are not passed to EnvPool; leave env.kwargs empty")
         return envpool_backend.EnvpoolVector(name, num_envs)
+    if scheme == "pettingzoo" and selfplay.is_turn_based(name):  # the opponents move between learning steps
+        return selfplay.SelfPlayVectorEnv(name, num_envs, kwargs=kwargs)
     if scheme == "pettingzoo":  # num_envs envs, one slot per agent: num_envs x agents slots
         return pettingzoo.make_vector(name, num_envs, kwargs)
     envs = gym.vector.SyncVectorEnv(
@@ -219,7 +227,8 @@ def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mas
     actions (``spaces.with_action_mask``); ``kwargs`` (``env.kwargs``) go to the env's constructor."""
     scheme, _, name = env_id.partition(":")
     kwargs = kwargs or {}
-    env: Any = pettingzoo.agent_view(name, kwargs) if scheme == "pettingzoo" else resolve_env(env_id)(**kwargs)
+    parallel = scheme == "pettingzoo" and not selfplay.is_turn_based(name)
+    env: Any = pettingzoo.agent_view(name, kwargs) if parallel else resolve_env(env_id)(**kwargs)
     try:
         action = action_spec(env.action_space)
         observation = SpaceSpec.from_space(env.observation_space, obs_keys)

@@ -101,6 +101,10 @@ class SnapshotBackend:
             self._audit.policy(snapshot.version, snapshot.model.state_dict(), snapshot.obs_mean, snapshot.obs_var)
         return snapshot
 
+    def current(self) -> PolicySnapshot:
+        """The snapshot that serves now (self-play's opponents play it and its predecessors)."""
+        return self._snapshot
+
     def join(self, member: int, num_envs: int) -> None:
         self.batcher.place(member, num_envs)
 

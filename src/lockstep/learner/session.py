@@ -37,7 +37,7 @@ from lockstep.observe.metrics import EpisodeTracker
 from lockstep.observe.report import Clock, Counters, ReleaseLatency
 from lockstep.sync import Admission, AdmissionGate
 from lockstep.transport import PROTOCOL
-from lockstep.transport.messages import HelloInfo, StepData, check_action_mask
+from lockstep.transport.messages import OPPONENT, HelloInfo, StepData, check_action_mask
 from lockstep.transport.protocol import (
     ALREADY_EXISTS,
     FAILED_PRECONDITION,
@@ -50,6 +50,7 @@ from lockstep.transport.protocol import (
 
 if TYPE_CHECKING:
     from lockstep.config import SyncConfig
+    from lockstep.learner.opponents import OpponentPool
 
 log = logging.getLogger("lockstep.learner.wiring")
 
@@ -68,6 +69,7 @@ class Sessions:
         self._live: dict[int, Session] = {}
         self._retired_runs: set[str] = set()  # run ids of connections that ended: a replayed hello is refused
         self.releases = ReleaseLatency()  # per phase: publish -> the last held request resumed (summary.json)
+        self.opponents: OpponentPool | None = None  # a self-play game's opponents (``learner.opponents``)
 
     @property
     def actor_ids(self) -> list[int]:
@@ -92,6 +94,13 @@ class Sessions:
             raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id} ({hello.env_id}): " + "; ".join(problems))
         if hello.num_envs < 1:
             raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id}: num_envs must be >= 1")
+        if hello.role == OPPONENT:  # inference only: no gate, no unroll, not one of the live actors
+            if self.opponents is None:
+                raise Refused(FAILED_PRECONDITION, f"actor {hello.actor_id}: an opponents' connection, but "
+                              f"{self.spec.env_id} is no self-play game (env id pettingzoo:MODULE of a turn-based one)")
+            if self.finished:
+                raise Refused(UNAVAILABLE, "training is over")
+            return self.opponents.connect(hello), self.welcome
         if hello.run_id in self._retired_runs:
             raise Refused(FAILED_PRECONDITION, f"actor {hello.actor_id}: run id {hello.run_id} has ended and cannot "
                           "rejoin; a restarted actor says hello with a new run id")
@@ -169,6 +178,8 @@ class Sessions:
         Called by the trainer thread once the backend serves ``version``; the stamp comes first, so every
         resumption it causes is measured from it."""
         self.releases.published(version)
+        if self.opponents is not None:  # the backend serves ``version`` already: it may join the pool
+            self.opponents.published()
         self.phases.close(self.gate.publish(version))  # several learners: a phase of no actor closes empty at once
 
     def expected_requests(self) -> int:
@@ -178,6 +189,8 @@ class Sessions:
     def finish(self) -> None:
         """Training is over: every held request is answered with 'training is over'."""
         self.finished = True
+        if self.opponents is not None:
+            self.opponents.finish()
         for session in self._live.values():
             session.cancel_wait()
 

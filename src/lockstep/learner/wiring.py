@@ -31,6 +31,7 @@ from lockstep.common.device import prepare_device
 from lockstep.config import Config
 from lockstep.config import save as save_config
 from lockstep.envs import env_spec
+from lockstep.learner import opponents
 from lockstep.learner.audit_trail import AuditWriter
 from lockstep.learner.backends import make_backend
 from lockstep.learner.checkpoint import Checkpointer
@@ -55,8 +56,7 @@ class Learner:
                  ranks: Ranks | None = None, parts: Parts = DEFAULT_PARTS) -> None:
         config.validate()
         security.check_server(config.learner.listen, token, config.learner.tls_cert, config.learner.tls_key)
-        self.token = token  # never written to the run directory
-        self.config, self.run_dir = config, run_dir
+        self.config, self.run_dir, self.token = config, run_dir, token  # the token is never written to the run dir
         self.spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.kwargs)
         self.device = prepare_device(config.learner.device, config.learner.deterministic)
         torch.set_num_threads(config.learner.torch_threads)
@@ -89,8 +89,8 @@ class Learner:
         self.sessions = Sessions(self.spec, Welcome(run.seed, run_dir.name), config.ppo.steps_per_env, self.gate,
                                  self.backend, self.phases, self.report.counters, self.episodes, self.clock)
         self.sessions.slot_counters.update(slot_counters)
-        self.port, self.local_address = None, None  # the gRPC port; unix:/path of the same-host server (or None)
-        self.error: BaseException | None = None
+        self.sessions.opponents = opponents.for_run(config, self.spec, self.backend, self.report.counters)
+        self.port, self.local_address, self.error = None, None, None  # gRPC port; unix:/path (or None); failure
         self._servers: list[LearnerServer | shm.LocalServer] = []  # their codec_s goes into the time split
         self._loop: asyncio.AbstractEventLoop | None = None
         self._asked = False  # stop() was called: several learners finish together (_decide)

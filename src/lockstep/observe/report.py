@@ -42,6 +42,7 @@ class Counters:
     skipped_updates: int = 0  # gradient steps not taken: their loss or gradient was not finite (ppo.optimize)
     evicted_actors: int = 0  # sessions ended by sync.step_deadline_s
     skipped_evaluations: int = 0  # evaluations due while the previous one still ran (run.eval_every)
+    opponent_moves: int = 0  # self-play: moves the learner played for opponents (inference only, never trained)
 
 
 # Counter columns of metrics.csv that hold an iteration's increase of a run total.

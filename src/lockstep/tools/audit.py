@@ -18,6 +18,7 @@ from lockstep.envs import EnvSpec, env_spec
 from lockstep.envs.spaces import ACTIVE_LEAF
 from lockstep.learner import checkpoint
 from lockstep.models import Policy, build_policy
+from lockstep.observe.run_dir import RunDir
 from lockstep.tools.policy import PolicyMismatch, load_policy
 
 
@@ -104,6 +105,7 @@ class AuditReport:
     run_dir: Path
     tolerance: float
     iterations: list[IterationAudit]
+    opponent_moves: int = 0  # self-play: moves the learner played for opponents (summary.json); never recorded
 
     @property
     def strategies(self) -> list[str]:
@@ -347,7 +349,8 @@ def check(run_dir: Path, tolerance: float = 1e-5) -> AuditReport:
         if number.isdigit():
             batches.append((int(number), path))
     results = [_check_batch(path, n, policies, spec, tolerance) for n, path in sorted(batches)]
-    return AuditReport(run_dir, tolerance, results)
+    summary = RunDir(run_dir).summary() or {}
+    return AuditReport(run_dir, tolerance, results, int(summary.get("opponent_moves", 0)))
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -390,6 +393,9 @@ def format_report(report: AuditReport) -> str:
         lines.append(f"... and {hidden} clean iteration(s) not shown")
     lines.append(f"{len(report.iterations)} iteration(s) checked, {report.samples} samples, "
                  f"{report.differing} differing, {report.off_version} not produced by the version that trained on them")
+    if report.opponent_moves:
+        lines.append(f"self-play: {report.opponent_moves} opponent moves were inference only: none is in any batch "
+                     "(absent, not off-policy); every sample above is a learning player's move")
     if report.inactive:
         lines.append(f"{report.inactive} of the samples are steps of agents that had left their episode: recorded "
                      "and recomputed, never trained on (agent_active 0)")

@@ -43,7 +43,16 @@ from lockstep.algo import noise
 from lockstep.algo.normalize import ObsNormalizer, as_tensors, stored_moments
 from lockstep.common.device import prepare_device
 from lockstep.common.files import atomic_write
-from lockstep.envs import SpaceSpec, action_spec, env_actions, make_env, stack_records, with_action_mask
+from lockstep.envs import (
+    SpaceSpec,
+    action_spec,
+    env_actions,
+    make_env,
+    selfplay,
+    stack_records,
+    to_records,
+    with_action_mask,
+)
 from lockstep.learner import checkpoint as checkpoint_lib
 from lockstep.learner.inference import act
 from lockstep.models import Policy
@@ -75,6 +84,7 @@ class Report:
     deterministic: bool
     seed: int
     episodes: list[Episode] = field(default_factory=list)
+    opponent: str | None = None  # a self-play game's opponent: random, self or a run directory
 
     @property
     def returns(self) -> np.ndarray:
@@ -88,7 +98,15 @@ class Report:
         data.update(return_mean=float(returns.mean()), return_std=float(returns.std()),
                     return_min=float(returns.min()), return_max=float(returns.max()),
                     length_mean=float(lengths.mean()))
+        if self.opponent is not None:  # a two-player game: its outcome is the sign of the return
+            data.update(self.outcomes())
         return data
+
+    def outcomes(self) -> dict[str, float]:
+        """A two-player game's win, draw and loss rates: the learning player's return above, at or below 0."""
+        returns = self.returns
+        return {"win_rate": float(np.mean(returns > 0)), "draw_rate": float(np.mean(returns == 0)),
+                "loss_rate": float(np.mean(returns < 0))}
 
 
 def load_from_checkpoint(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, action: SpaceSpec,
@@ -118,9 +136,10 @@ def load_config(run_dir: Path) -> config_lib.Config:
 
 def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, seed: int = 0,
              device: str = "cpu", checkpoint: str | None = None, video_dir: Path | None = None,
-             on_episode=None) -> Report:
+             on_episode=None, opponent: str | None = None) -> Report:
     """Play ``episodes`` episodes of the run's policy (module docstring); ``on_episode(i, episode)`` is
-    called as each ends."""
+    called as each ends. A self-play game is played against ``opponent`` (``random``, the default; ``self``,
+    the policy itself; or a run directory, its final policy), the learning seat alternating game by game."""
     if episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {episodes}")
     torch_device = prepare_device(device)  # on a GPU in float32, as the learner served it
@@ -132,6 +151,12 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
         _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, obs_spec, act_spec,
                                                                     torch_device)
         report = Report(str(run_dir), str(path), iteration, env_id, deterministic, seed)
+        if isinstance(env.unwrapped, selfplay.SelfPlayGame):  # (under the episode statistics wrapper)
+            report.opponent = opponent or "random"
+            env.unwrapped.opponent = _opponent(report.opponent, model, normalize, (obs_spec, act_spec), seed,
+                                               torch_device)
+        elif opponent is not None:
+            raise EvalError(f"--opponent plays a turn-based game's other seats; {env_id} is no self-play game")
         report.episodes = play(env, env_id, model, normalize, (obs_spec, act_spec), episodes, deterministic, seed,
                                torch_device, video_dir, on_episode)
         return report
@@ -298,17 +323,50 @@ class _VideoWriter:
         return str(self._path), self._frames
 
 
+class ModelOpponent:
+    """A policy moving for a self-play game's opponents (``envs.selfplay.Opponent``), sampled as the learner
+    samples, from noise of its own stream."""
+
+    def __init__(self, model: Policy, normalize: ObsNormalizer, observation: SpaceSpec, seed: int,
+                 device: torch.device) -> None:
+        self.model, self.normalize, self.observation, self.device = model, normalize, observation, device
+        self.keys = noise.slot_keys(seed, 1 << 40, 1)
+        self.moves = 0
+
+    def __call__(self, obs: Any, waiting: np.ndarray) -> np.ndarray:
+        records = to_records(obs, self.observation)  # [k]
+        k = len(records)
+        uniform = noise.uniform(np.repeat(self.keys, k), np.full(k, self.moves, np.uint64), self.model.noise_width)
+        self.moves += 1
+        return act(self.model, self.normalize, records, uniform, self.model.initial_state(k), self.device)[0]
+
+
+def _opponent(name: str, model: Policy, normalize: ObsNormalizer, specs: tuple[SpaceSpec, SpaceSpec], seed: int,
+              device: torch.device) -> selfplay.Opponent:
+    """``--opponent``: random legal moves, the policy itself, or the final policy of another run."""
+    obs_spec, act_spec = specs
+    if name == "random":
+        return selfplay.RandomOpponent(obs_spec.mask or "action_mask", seed)
+    if name == "self":
+        return ModelOpponent(model, normalize, obs_spec, seed, device)
+    _, other, other_normalize, _, _ = load_from_checkpoint(Path(name), None, obs_spec, act_spec, device)
+    return ModelOpponent(other, other_normalize, obs_spec, seed, device)
+
+
 def summary_line(report: Report) -> str:
     returns = report.returns
     lengths = [e.length for e in report.episodes]
     std = float(returns.std()) if len(returns) > 1 else math.nan
     spread = f" ± {std:.1f}" if not math.isnan(std) else ""
     return (f"mean return {returns.mean():.1f}{spread} over {len(returns)} episode{'s' if len(returns) > 1 else ''} "
-            f"(min {returns.min():.1f}, max {returns.max():.1f}; mean length {np.mean(lengths):.1f})")
+            f"(min {returns.min():.1f}, max {returns.max():.1f}; mean length {np.mean(lengths):.1f})"
+            + ("" if report.opponent is None else
+               ", against {}: win_rate {win_rate:.3f}, draw_rate {draw_rate:.3f}, loss_rate {loss_rate:.3f}".format(
+                   report.opponent, **report.outcomes())))
 
 
 def main(run_dir: Path, episodes: int, deterministic: bool, seed: int, device: str, checkpoint: str | None,
-         video: str | None, out: str | None) -> int:
+         video: str | None, out: str | None, opponent: str | None = None) -> int:
     """``lockstep eval``: play, print each episode and the summary, write eval.json; the exit code."""
 
     def show(i: int, episode: Episode) -> None:
@@ -317,7 +375,7 @@ def main(run_dir: Path, episodes: int, deterministic: bool, seed: int, device: s
 
     try:
         report = evaluate(run_dir, episodes, deterministic, seed, device, checkpoint,
-                          Path(video) if video else None, on_episode=show)
+                          Path(video) if video else None, on_episode=show, opponent=opponent)
     except EvalError as err:
         print(f"lockstep: {err}", file=sys.stderr)
         return 2

@@ -66,6 +66,10 @@ def space_from_proto(msg: pb.Space, name: str) -> SpaceSpec:
                      "MULTI_BINARY or TREE")
 
 
+LEARNING, OPPONENT = "learning", "opponent"  # a hello's roles
+ROLES = (LEARNING, OPPONENT)
+
+
 @dataclass(frozen=True)
 class HelloInfo:
     protocol: int
@@ -76,6 +80,7 @@ class HelloInfo:
     observation: SpaceSpec
     action: SpaceSpec
     peer: str = ""  # where the hello came from, as its transport names it (for the log and refusals)
+    role: str = LEARNING  # LEARNING, or OPPONENT: a self-play actor's connection for its opponents' moves
 
 
 @dataclass(frozen=True)
@@ -145,8 +150,17 @@ def hello_from_proto(msg: pb.Hello, limits: HelloLimits = DEFAULT_HELLO_LIMITS, 
         protocol=int(msg.protocol), actor_id=int(msg.actor_id), run_id=msg.run_id,
         num_envs=int(msg.num_envs), env_id=msg.env_id,
         observation=space_from_proto(msg.observation_space, "hello.observation_space"),
-        action=space_from_proto(msg.action_space, "hello.action_space"),
+        action=space_from_proto(msg.action_space, "hello.action_space"), role=_role(msg.role),
     )
+
+
+def _role(role: str) -> str:
+    if role == "":
+        return LEARNING
+    if role not in ROLES:
+        raise CodecError(f"hello.role: {role[:32]!r} is not a role; a hello says {' or '.join(ROLES)} (or nothing: "
+                         f"{LEARNING})")
+    return role
 
 
 @dataclass

@@ -148,10 +148,24 @@ def running_learner(run_dir) -> Iterator[Callable[..., RunningLearner]]:
         raise errors[0]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """With pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``): a file's tests run in order on one
-    worker, so a module's fixture is built once; every test that starts Ray runs on the same worker, so no two Ray
-    instances start on this host at once."""
-    for item in items:
-        uses_ray = "ray" in item.path.name or "[ray]" in item.name
-        item.add_marker(pytest.mark.xdist_group("ray" if uses_ray else item.path.name))
+def _group_of(nodeid: str) -> str:
+    """Which tests run together on one pytest-xdist worker, in order: a file's tests (so that a module's fixture is
+    built once), and every test that starts Ray (so that no two Ray instances start on this host at once)."""
+    path = nodeid.split("::", 1)[0]
+    return "ray" if "ray" in path.rsplit("/", 1)[-1] or "[ray]" in nodeid else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``make test`` runs two workers with ``--dist loadgroup``: each group of ``_group_of`` is one unit of work.
+    (xdist's own loadgroup reads ``xdist_group`` marks into the test ids, which pytest 9.2 no longer lets a
+    plugin rewrite: its groups came apart, and a module's fixture was built on both workers.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(nodeid)
+
+    return ByGroup(config, log)

@@ -125,7 +125,7 @@ def test_a_ray_actor_killed_mid_phase_is_restarted_by_ray_and_its_unroll_is_drop
                 break
         # however long Ray takes to bring the workers back (on a busy host, many seconds): each restart is
         # counted, then a phase trains with it
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline and log.read_text().count("restarted by Ray") < len(killed):
             time.sleep(0.1)
         rows = len(RunDir(run_dir).metrics())
@@ -141,7 +141,7 @@ def test_a_ray_actor_killed_mid_phase_is_restarted_by_ray_and_its_unroll_is_drop
     assert summary["off_policy_samples"] == 0
     assert summary["dropped_transitions"] > 0, out
     assert summary["transitions_collected"] == summary["transitions_trained"] + summary["dropped_transitions"]
-    assert summary["actor_restarts"] == len(killed)
+    assert summary["actor_restarts"] == len(killed), out
     for actor in killed:
         assert re.search(rf"actor {actor} restarted by Ray \(restart 1 of at most 10\): worker pid \d+", out), out
 

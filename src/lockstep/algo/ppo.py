@@ -54,10 +54,11 @@ def _gae_host(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Te
     r, v, v_next, c = (x.detach().numpy() for x in (rewards, values, next_values, continues))  # [T, N] views
     advantages = np.zeros_like(r)
     last = np.zeros_like(r[0])  # [N]
-    for t in reversed(range(r.shape[0])):
-        delta = r[t] + gamma * v_next[t] - v[t]
-        last = delta + gamma * lam * c[t] * last
-        advantages[t] = last
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and nan as torch makes them: the trainer skips the step
+        for t in reversed(range(r.shape[0])):
+            delta = r[t] + gamma * v_next[t] - v[t]
+            last = delta + gamma * lam * c[t] * last
+            advantages[t] = last
     advantages = torch.from_numpy(advantages)
     return advantages, advantages + values
 

@@ -150,7 +150,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 def cmd_train(args: argparse.Namespace, parts: Parts | None = None) -> int:
     """``lockstep train``; ``parts``: the learner's replaceable parts (``learner.parts``; benchmarks)."""
     config = resolve_config(args)
-    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.kwargs)
+    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.vector_kwargs())
     from lockstep.launch.local import train
     from lockstep.learner.parts import DEFAULT_PARTS
 
@@ -163,7 +163,7 @@ def cmd_train(args: argparse.Namespace, parts: Parts | None = None) -> int:
 
 def cmd_learner(args: argparse.Namespace) -> int:
     config = resolve_config(args)
-    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.kwargs)
+    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.vector_kwargs())
     from lockstep.launch.local import train
 
     run_dir = Path(config.run.run_dir)
@@ -183,7 +183,7 @@ def actor_options(args: argparse.Namespace) -> ActorOptions:
         if getattr(args, dotted) is not None:
             config_lib.set_value(config, dotted, getattr(args, dotted))
     return ActorOptions(learner=args.learner, env=config.env.id, obs_keys=tuple(config.env.obs_keys),
-                        env_kwargs=dict(config.env.kwargs),
+                        env_kwargs=config.env.vector_kwargs(),
                         envs_per_actor=config.actors.envs_per_actor,
                         actor_id=args.actor_id, connect_timeout=args.connect_timeout, retry_for_s=args.retry_for,
                         token=security.token_from(args.token), tls_ca=args.tls_ca,
@@ -203,6 +203,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
 
 # the config fields `lockstep actor` takes, with its flags for them (--num-envs: the name it had before)
 ACTOR_SETTINGS = {"env.id": ("--env",), "env.obs_keys": ("--obs-keys",), "env.kwargs": ("--env-kwargs",),
+                  "env.agent_id": ("--agent-id",),
                   "actors.envs_per_actor": ("--envs-per-actor", "--num-envs")}
 
 

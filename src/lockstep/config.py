@@ -62,6 +62,9 @@ class EnvConfig:
     kwargs: dict[str, Any] = setting({}, "keyword arguments for the env's constructor (gym.make, a PettingZoo "
                                          "parallel_env, your callable), e.g. {N: 4, max_cycles: 50}; every actor "
                                          "builds its envs with them", flag="--env-kwargs")
+    agent_id: bool = setting(False, "a PettingZoo parallel env: add each agent's one-hot index (a leaf agent_id of "
+                                    "the observation), so that the policy the agents share can tell them apart",
+                             flag="--agent-id")
     obs_keys: list[str] = setting([], "a Dict observation: the keys to keep (e.g. [image, direction]; a Text or "
                                       "other leaf lockstep cannot encode must be left out); empty: every key")
     action_mask_key: str = setting("action_mask", "a Dict observation's leaf that masks the Discrete and "
@@ -72,6 +75,13 @@ class EnvConfig:
     normalize_reward: bool = setting(False, "scale rewards by the std of the discounted return")
     clip_obs: float = setting(10.0, "clip observations to this magnitude after normalization")
     clip_reward: float = setting(10.0, "clip rewards to this magnitude after scaling")
+
+    def vector_kwargs(self) -> dict[str, Any]:
+        """What an actor's vector env is built with: ``kwargs``, and ``agent_id`` under a key of lockstep's own,
+        which ``envs.make_vector_env`` takes out before the env's constructor sees the rest."""
+        from lockstep.envs.pettingzoo import AGENT_ID_KWARG
+
+        return {**self.kwargs, **({AGENT_ID_KWARG: True} if self.agent_id else {})}
 
 
 @dataclass
@@ -325,6 +335,8 @@ class Config:
              f"per slot); {self.sync.strategy!r} updates the model in place"),
             (not self.run.eval_video_every or self.run.eval_every > 0,
              "run.eval_video_every records evaluations while training: it needs run.eval_every > 0"),
+            (not self.env.agent_id or _parallel_multiagent(self.env.id),
+             f"env.agent_id adds an agent index to a PettingZoo parallel env's observations; {self.env.id} is none"),
             (not self.run.eval_every or not _parallel_multiagent(self.env.id),
              f"run.eval_every plays single-agent episodes; {self.env.id} is a multi-agent env, whose returns "
              "are in metrics.csv: leave run.eval_every at 0"),

@@ -10,6 +10,7 @@ from conftest import learner_config
 
 from lockstep.envs import turns
 from lockstep.launch.local import train
+from lockstep.observe.rundir import RunDir
 from lockstep.tools import audit
 from lockstep.tools import eval as evaluation
 
@@ -54,8 +55,17 @@ def test_only_the_learning_players_moves_are_recorded_and_a_strict_run_passes_th
 def test_self_play_learns_to_beat_a_random_opponent_and_eval_reports_the_win_rate(tmp_path, capsys):
     # always playing 1 wins 94% against random moves; random against random wins 36%
     run_dir = tmp_path / "run"
-    train(_config("inprocess", **{"actors.envs_per_actor": 4, "ppo.total_steps": 48 * 8 * T, "ppo.lr": 0.003}),
-          run_dir)
+    summary = train(_config("inprocess", **{"actors.envs_per_actor": 4, "ppo.total_steps": 48 * 8 * T,
+                                            "ppo.lr": 0.003, "run.eval_every": 8, "run.eval_episodes": 40}), run_dir)
+    # evaluation while training: the win rates against random moves and against the pool's oldest member
+    evaluated = [r for r in RunDir(run_dir).metrics() if r["eval_win_rate_random"]]
+    assert evaluated and summary["evaluation"]["finished"] >= len(evaluated)
+    for row in evaluated:
+        win, mean = float(row["eval_win_rate_random"]), float(row["eval_return_mean"])  # mean: wins less losses
+        assert 2 * win - 1 - 1e-9 <= mean <= win + 1e-9, row
+        assert 0 <= float(row["eval_win_rate_oldest"]) <= 1  # the pool holds version 0 from the start
+        assert int(row["eval_oldest_version"]) % 2 == 0 and int(row["eval_oldest_version"]) < int(row["eval_iteration"])
+    assert float(evaluated[-1]["eval_win_rate_random"]) > 0.6, evaluated
     assert evaluation.main(run_dir, 200, False, 0, "cpu", None, None, None, "random") == 0
     out = capsys.readouterr().out
     assert "against random: win_rate" in out

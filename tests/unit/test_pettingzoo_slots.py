@@ -81,3 +81,27 @@ def test_a_module_without_a_parallel_env_is_refused():
 def test_the_learner_sees_one_agent_slot_spaces():
     spec = envs.env_spec(DEPARTURES)
     assert sorted(path for path, _ in spec.observation.leaves) == [ACTIVE_LEAF, "observation"]
+
+
+def test_env_agent_id_adds_each_agents_one_hot_also_while_it_is_inactive():
+    from lockstep.config import Config, ConfigError, set_value
+
+    config = Config()
+    set_value(config, "env.id", DEPARTURES)
+    set_value(config, "env.agent_id", True)
+    vec = envs.make_vector_env(DEPARTURES, 2, config.env.vector_kwargs())
+    assert set(vec.single_observation_space.spaces) == {"observation", ACTIVE_LEAF, pettingzoo.AGENT_ID_LEAF}
+    obs, _ = vec.reset(seed=0)
+    one_hot = np.tile(np.eye(3, dtype=np.float32), (2, 1))  # [6 slots, 3 agents], each env's agents in order
+    assert np.array_equal(obs[pettingzoo.AGENT_ID_LEAF], one_hot)
+    for _ in range(7):  # a0 and a1 have left by now (at 3 and 6): their slots are inactive
+        obs, *_ = vec.step(np.zeros(vec.num_envs, np.int64))
+    assert obs[ACTIVE_LEAF][:, 0].tolist() == [0, 0, 1] * 2
+    assert np.array_equal(obs[pettingzoo.AGENT_ID_LEAF], one_hot)
+    spec = envs.env_spec(DEPARTURES, kwargs=config.env.vector_kwargs()).observation  # what the learner expects
+    assert [path for path, _ in spec.leaves] == sorted(vec.single_observation_space.spaces)
+    set_value(config, "env.id", "CartPole-v1")
+    with pytest.raises(ConfigError, match="env.agent_id adds an agent index to a PettingZoo parallel env"):
+        config.validate()
+    with pytest.raises(ValueError, match="CartPole-v1 is none"):
+        envs.make_vector_env("CartPole-v1", 1, {pettingzoo.AGENT_ID_KWARG: True})

@@ -200,12 +200,13 @@ def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = 
     Same-step autoreset means every observation sent to the learner is one to act
     on, and a truncated episode's last observation arrives in ``infos["final_obs"]``.
     Finished episodes are reported in ``infos["episode"]`` (``FinishedEpisodes``). ``kwargs`` (``env.kwargs``)
-    go to the env's constructor.
+    go to the env's constructor (``env.agent_id`` among them: a PettingZoo parallel env's).
     """
     kwargs = kwargs or {}
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
     scheme, _, name = env_id.partition(":")
+    _check_agent_id(env_id, kwargs)
     if scheme == "envpool":  # EnvPool steps the envs in C++ threads, with the same-step semantics (wrappers/envpool.py)
         if kwargs:
             raise ValueError(f"{env_id}: env.kwargs are not passed to EnvPool; leave env.kwargs empty")
@@ -227,6 +228,7 @@ def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mas
     actions (``spaces.with_action_mask``); ``kwargs`` (``env.kwargs``) go to the env's constructor."""
     scheme, _, name = env_id.partition(":")
     kwargs = kwargs or {}
+    _check_agent_id(env_id, kwargs)
     parallel = scheme == "pettingzoo" and not selfplay.is_turn_based(name)
     env: Any = pettingzoo.agent_view(name, kwargs) if parallel else resolve_env(env_id)(**kwargs)
     try:
@@ -235,6 +237,14 @@ def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mas
         return EnvSpec(env_id, with_action_mask(observation, action, action_mask_key), action)
     finally:
         env.close()
+
+
+def _check_agent_id(env_id: str, kwargs: dict[str, Any]) -> None:
+    """``env.agent_id`` is for PettingZoo parallel envs only: a ValueError for any other id that has it."""
+    scheme, _, name = env_id.partition(":")
+    if kwargs.get(pettingzoo.AGENT_ID_KWARG) and (scheme != "pettingzoo" or selfplay.is_turn_based(name)):
+        raise ValueError(f"env.agent_id adds an agent index to a PettingZoo parallel env's observations; {env_id} "
+                         "is none")
 
 
 def env_seeds(run_seed: int, actor_id: int, num_envs: int) -> list[int]:

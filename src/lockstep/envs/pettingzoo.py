@@ -6,7 +6,9 @@ learner sees one more vector env of ``envs x agents`` slots, in env order, each 
 ``possible_agents`` order.
 
 The observation of a slot is a Dict: the agent's own observation (under ``observation``, or its own keys if it
-is a Dict, e.g. ``action_mask``) and ``agent_active`` (MultiBinary(1)).
+is a Dict, e.g. ``action_mask``) and ``agent_active`` (MultiBinary(1)); with ``env.agent_id``, also
+``agent_id``, the one-hot of the agent's index in ``possible_agents`` (Box [agents] float32), so that the
+policy the agents share can act differently for each (SuperSuit's ``agent_indicator`` does the same).
 
 Agents that leave early. PettingZoo drops an agent from ``env.agents`` when it terminates or truncates
 before the others. Its slot's step at leaving carries its flag, its last reward and, if it was truncated,
@@ -31,6 +33,8 @@ import numpy as np
 from lockstep.envs.spaces import ACTIVE_LEAF
 
 OBSERVATION_LEAF = "observation"  # where an agent's observation goes when it is not a Dict itself
+AGENT_ID_LEAF = "agent_id"  # env.agent_id: the agent's one-hot index
+AGENT_ID_KWARG = "_lockstep_agent_id"  # env.agent_id among the vector env's kwargs (``config.EnvConfig.vector_kwargs``)
 
 
 def parallel_factory(module_name: str, kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
@@ -68,7 +72,7 @@ class ParallelSlots(gym.vector.VectorEnv):
     agent episode in ``infos["episode"]`` / ``infos["_episode"]``.
     """
 
-    def __init__(self, make: Callable[[], Any], num_envs: int) -> None:
+    def __init__(self, make: Callable[[], Any], num_envs: int, agent_id: bool = False) -> None:
         self.envs = [make() for _ in range(num_envs)]
         first = self.envs[0]
         self.agents = list(first.possible_agents)
@@ -77,10 +81,15 @@ class ParallelSlots(gym.vector.VectorEnv):
         obs_space, self.single_action_space = _same_spaces(first)
         self.num_envs = num_envs * len(self.agents)
         leaves = dict(obs_space.spaces) if isinstance(obs_space, gym.spaces.Dict) else {OBSERVATION_LEAF: obs_space}
-        if ACTIVE_LEAF in leaves:
-            raise ValueError(f"the agents' observation already has a key {ACTIVE_LEAF!r}, which lockstep adds itself")
+        added = {ACTIVE_LEAF: gym.spaces.MultiBinary(1)}
+        if agent_id:
+            added[AGENT_ID_LEAF] = gym.spaces.Box(0.0, 1.0, (len(self.agents),), np.float32)
+        for key in added:
+            if key in leaves:
+                raise ValueError(f"the agents' observation already has a key {key!r}, which lockstep adds itself")
         self._dict_obs = isinstance(obs_space, gym.spaces.Dict)
-        self.single_observation_space = gym.spaces.Dict(leaves | {ACTIVE_LEAF: gym.spaces.MultiBinary(1)})
+        self.single_observation_space = gym.spaces.Dict(leaves | added)
+        self._one_hot = np.eye(len(self.agents), dtype=np.float32) if agent_id else None  # [agents, agents]
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
@@ -95,10 +104,18 @@ class ParallelSlots(gym.vector.VectorEnv):
         return {key: (np.ones if key == "action_mask" else np.zeros)(leaf.shape, leaf.dtype)
                 for key, leaf in space.spaces.items()}
 
-    def _slot_obs(self, agent_obs: Any) -> dict:
+    def _slot_obs(self, agent_obs: Any, agent: int) -> dict:
         leaves = dict(agent_obs) if self._dict_obs else {OBSERVATION_LEAF: agent_obs}
         leaves[ACTIVE_LEAF] = np.ones(1, np.int8)
+        if self._one_hot is not None:
+            leaves[AGENT_ID_LEAF] = self._one_hot[agent]
         return leaves
+
+    def _placeholder_of(self, agent: int) -> dict:
+        """An inactive slot's observation: zeros, except the action mask and the agent's own index."""
+        if self._one_hot is None:
+            return self._placeholder
+        return self._placeholder | {AGENT_ID_LEAF: self._one_hot[agent]}
 
     def _batch(self) -> dict[str, np.ndarray]:
         return {key: np.stack([o[key] for o in self._obs]) for key in self.single_observation_space.spaces}
@@ -108,7 +125,8 @@ class ParallelSlots(gym.vector.VectorEnv):
         A = len(self.agents)
         for i, agent in enumerate(self.agents):
             slot = e * A + i
-            self._obs[slot] = self._slot_obs(observations[agent]) if agent in observations else self._placeholder
+            self._obs[slot] = (self._slot_obs(observations[agent], i) if agent in observations
+                               else self._placeholder_of(i))
             self._return[slot], self._length[slot] = 0.0, 0
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
@@ -134,7 +152,7 @@ class ParallelSlots(gym.vector.VectorEnv):
                 slot = e * A + i
                 if agent not in live:  # left earlier: an inactive step (module docstring)
                     terminated[slot] = True
-                    self._obs[slot] = self._placeholder
+                    self._obs[slot] = self._placeholder_of(i)
                     continue
                 reward[slot] = rewards.get(agent, 0.0)
                 self._return[slot] += reward[slot]
@@ -145,10 +163,10 @@ class ParallelSlots(gym.vector.VectorEnv):
                     ended[slot] = True
                     ep_return[slot], ep_length[slot] = self._return[slot], self._length[slot]
                     if truncated[slot] and not terminated[slot]:  # its last observation bootstraps its value
-                        final_obs[slot] = self._slot_obs(observations[agent])
-                    self._obs[slot] = self._placeholder
+                        final_obs[slot] = self._slot_obs(observations[agent], i)
+                    self._obs[slot] = self._placeholder_of(i)
                 else:
-                    self._obs[slot] = self._slot_obs(observations[agent])
+                    self._obs[slot] = self._slot_obs(observations[agent], i)
             if not env.agents:  # every agent has left: the next episode starts in this step
                 self._reset_env(e, None)
         infos: dict[str, Any] = {"final_obs": final_obs}
@@ -163,8 +181,10 @@ class ParallelSlots(gym.vector.VectorEnv):
 
 def make_vector(module_name: str, num_envs: int, kwargs: dict[str, Any] | None = None) -> ParallelSlots:
     """The actor's vector env for ``pettingzoo:MODULE``: ``num_envs`` envs, one slot per agent, each env built
-    with ``kwargs`` (``env.kwargs``)."""
-    return ParallelSlots(parallel_factory(module_name, kwargs), num_envs)
+    with ``kwargs`` (``env.kwargs``; ``AGENT_ID_KWARG`` among them is ``env.agent_id``, for lockstep)."""
+    kwargs = dict(kwargs or {})
+    agent_id = bool(kwargs.pop(AGENT_ID_KWARG, False))
+    return ParallelSlots(parallel_factory(module_name, kwargs), num_envs, agent_id)
 
 
 class _AgentView:

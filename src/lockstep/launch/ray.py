@@ -53,6 +53,8 @@ log = logging.getLogger("lockstep.train")
 
 INSTALL = "pip install -e '.[ray]'"
 PLACEMENT_WARNING_S = 60.0  # an actor Ray has not placed after this long is logged, with the free CPUs
+RESTARTING_POLL_S = 1.0  # while Ray restarts a worker, calls to it fail at once: they are made again this often
+RESTARTING_LIMIT_S = 600.0  # ... for at most this long, after which the actor is given up
 _UNIX_PATH_MAX = 107
 _SOCKET_TAIL = len("/lockstep-ray-xxxxxxxx/session_2000-01-01_00-00-00_000000_4194304/sockets/plasma_store")
 _WILDCARDS = ("", "0.0.0.0", "::")
@@ -71,6 +73,7 @@ class _Actor:
     pid: int | None = None
     host: str = ""
     restart_at: float | None = None  # when `where` and `run` are due to be called again
+    restarting_since: float | None = None  # the calls found Ray still restarting the worker, since then
     gone: bool = False  # returned from `run` for good, or dead for good
 
 
@@ -121,7 +124,7 @@ class RayActors:
         level = logging.getLogger().getEffectiveLevel()
         for i in range(actors.count):
             options = ActorOptions(learner=address, env=env.id, obs_keys=tuple(env.obs_keys),
-                                   env_kwargs=dict(env.kwargs), envs_per_actor=actors.envs_per_actor, actor_id=i,
+                                   env_kwargs=env.vector_kwargs(), envs_per_actor=actors.envs_per_actor, actor_id=i,
                                    token=self.token, tls_server_name="localhost" if ca and self._own else None)
             actor = _Actor(i, remote.remote(options, level, ca))
             self._call(actor)
@@ -197,7 +200,7 @@ class RayActors:
             actor.pid, actor.host = self._ray.get(ref)
         except self._ray.exceptions.RayActorError:
             return  # it did not come back: its `run` fails too, and `_returned` says so
-        actor.answered = True
+        actor.answered, actor.restarting_since = True, None
         if actor.again:
             count = self.policy.restarted(actor.actor_id)
             log.warning("actor %d %s (restart %d of at most %d): worker pid %d on %s", actor.actor_id,
@@ -216,6 +219,8 @@ class RayActors:
                 self._ray.wait([actor.where], timeout=10.0)
                 self._answered(actor)
             reason = str(err).strip().splitlines()[0]
+            if not actor.answered and actor.again and self._still_restarting(actor, err):
+                return
             if not actor.answered:
                 actor.gone = True
                 log.error("actor %d is gone: Ray could not %s it (%s)", actor.actor_id,
@@ -233,6 +238,22 @@ class RayActors:
                 log.error("actor %d %s", actor.actor_id, cause)
             return
         actor.again, actor.died, actor.restart_at = True, died, time.monotonic() + delay
+
+    def _still_restarting(self, actor: _Actor, err: Exception) -> bool:
+        """Whether calls to a worker Ray is restarting failed only because it is not back yet (Ray answers calls
+        made during a restart with ``ActorUnavailableError`` rather than queueing them): then they are made
+        again in ``RESTARTING_POLL_S``, for up to ``RESTARTING_LIMIT_S``."""
+        unavailable = getattr(self._ray.exceptions, "ActorUnavailableError", None)  # Ray 2.22 and later
+        if unavailable is None or not isinstance(err, unavailable):
+            return False
+        now = time.monotonic()
+        actor.restarting_since = actor.restarting_since or now
+        if now - actor.restarting_since > RESTARTING_LIMIT_S:
+            return False
+        log.debug("actor %d: Ray is still restarting its worker; calling it again in %.0f s", actor.actor_id,
+                  RESTARTING_POLL_S)
+        actor.restart_at = now + RESTARTING_POLL_S
+        return True
 
     def _warn_unplaced(self) -> None:
         if self._warned or time.monotonic() - self._started < PLACEMENT_WARNING_S:

@@ -28,6 +28,13 @@ With ``run.eval_video_every`` M, evaluations 1, M + 1, 2M + 1, ... record their 
 (``RUN_DIR/videos/iter_NNNNNN/episode-NNN.mp4``); where the env cannot render or the video extra is
 missing, the first such evaluation says why and the rest go on without video.
 
+Self-play games (a turn-based ``pettingzoo:`` id). The episodes are games against random legal moves
+(their returns, +1 win, 0 draw, -1 loss, are ``eval_return_*``), and, when ``selfplay.opponents`` is
+``pool`` and the pool holds a snapshot, as many again against its oldest member (the trainer thread
+copies that frozen snapshot's parameters into the request, as it copies the newest version's): the
+win rates against each (``eval_win_rate_random``, ``eval_win_rate_oldest`` and ``eval_oldest_version``).
+The learning seat alternates game by game, as in training.
+
 What comes back: an ``EvalResult`` per evaluation. The report writes it into the next metrics row
 (``eval_return_mean``, ``eval_return_std``, and ``eval_iteration`` and ``eval_env_steps`` of the version
 evaluated). An evaluation whose mean return is higher than every earlier one of the run (a resumed run
@@ -60,6 +67,7 @@ from lockstep.launch.actor_process import die_with_parent
 
 if TYPE_CHECKING:
     from lockstep.config import Config
+    from lockstep.learner.inference import PolicySnapshot
     from lockstep.learner.trainer import Trainer
 
 log = logging.getLogger("lockstep.learner.evaluation")
@@ -83,6 +91,7 @@ class EvalResult:
     video: str | None = None  # the folder of its videos
     warning: str | None = None  # what it could not do (a video), and that evaluations go on without it
     error: str | None = None  # why it failed (then there are no returns)
+    outcomes: dict[str, float] = dataclasses.field(default_factory=dict)  # a self-play game's win rates
 
     @property
     def return_mean(self) -> float:
@@ -96,9 +105,10 @@ class EvalResult:
     FIGURES = ("iteration", "env_steps", "version", "episodes", "return_mean", "return_std")
 
     def figures(self) -> dict[str, Any]:
-        """What summary.json and best.pt hold of it (the keys of ``FIGURES``)."""
+        """What summary.json and best.pt hold of it (the keys of ``FIGURES``, and a game's ``outcomes``)."""
         return {"iteration": self.iteration, "env_steps": self.env_steps, "version": self.version,
-                "episodes": len(self.returns), "return_mean": self.return_mean, "return_std": self.return_std}
+                "episodes": len(self.returns), "return_mean": self.return_mean, "return_std": self.return_std,
+                **self.outcomes}
 
 
 def eval_seed(config: Config) -> int:
@@ -144,16 +154,19 @@ class Evaluator:
     def due(self, iteration: int) -> bool:
         return not self._failed and iteration % self.every == 0
 
-    def submit(self, trainer: Trainer) -> bool:
-        """Hand the trainer's current version to the evaluation process; False (skipped) while one is running.
-        Runs on the trainer thread between the update and the publish; copies, never waits."""
+    def submit(self, trainer: Trainer, oldest: PolicySnapshot | None = None) -> bool:
+        """Hand the trainer's current version to the evaluation process, with a self-play game's ``oldest``
+        pool member to play against; False (skipped) while one is running. Runs on the trainer thread between
+        the update and the publish; copies, never waits."""
         if self._in_flight is not None:
             return False
-        parameters = {k: v.detach().cpu().numpy().copy() for k, v in trainer.model.state_dict().items()}
         video = bool(self.video_every) and self.submitted % self.video_every == 0
         self._requests.put({"iteration": trainer.iteration, "env_steps": trainer.env_steps,
-                            "version": trainer.version, "parameters": parameters, "video": video,
-                            "obs_rms": None if trainer.obs_rms is None else trainer.obs_rms.state_dict()})
+                            "version": trainer.version, "parameters": _numpy(trainer.model), "video": video,
+                            "obs_rms": None if trainer.obs_rms is None else trainer.obs_rms.state_dict(),
+                            "oldest": None if oldest is None else {
+                                "version": oldest.version, "parameters": _numpy(oldest.model),
+                                "obs_mean": oldest.obs_mean, "obs_var": oldest.obs_var}})
         self.submitted += 1
         self._in_flight = trainer.iteration
         return True
@@ -180,9 +193,10 @@ class Evaluator:
         self.last = result
         if result.best:
             self.best = result.figures()
-        log.info("evaluation of iteration %d (%d env steps): return %.1f ± %.1f over %d episodes in %.1f s%s",
+        log.info("evaluation of iteration %d (%d env steps): return %.1f ± %.1f over %d episodes in %.1f s%s%s",
                  result.iteration, result.env_steps, result.return_mean, result.return_std, len(result.returns),
-                 result.seconds, "; best so far, checkpoints/best.pt" if result.best else "")
+                 result.seconds, "".join(f", {key} {value:g}" for key, value in result.outcomes.items()),
+                 "; best so far, checkpoints/best.pt" if result.best else "")
         return result
 
     def close(self) -> EvalResult | None:
@@ -206,6 +220,11 @@ class Evaluator:
         """summary.json's ``evaluation``."""
         return {"every": self.every, "seed": self.seed, "finished": self.finished, "skipped": skipped,
                 "best": self.best, "last": self.last and self.last.figures()}
+
+
+def _numpy(model) -> dict[str, Any]:
+    """A copy of ``model``'s parameters as numpy arrays, on the CPU: what crosses to the evaluation process."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
 def _stored_best(run_dir: Path) -> dict[str, Any] | None:
@@ -237,6 +256,11 @@ def serve(requests, results, run_dir: str, seed: int, episodes: int, determinist
         results.put(player.evaluate(request))
 
 
+def _win_rate(returns: list[float]) -> float:
+    """The share of games won: the learning player's return above 0 (``tools.eval.Report.outcomes``)."""
+    return sum(r > 0 for r in returns) / len(returns)
+
+
 class _Evaluation:
     """Inside the evaluation process: plays each version, keeps the best as checkpoints/best.pt."""
 
@@ -247,6 +271,7 @@ class _Evaluation:
         self.best = best  # the mean return a new best.pt must beat
         self.config = evaluation.load_config(run_dir)
         self.video = True  # until a video could not be made
+        self.game = False  # the env is a self-play game (known once one is made)
 
     def evaluate(self, request: dict[str, Any]) -> EvalResult:
         from lockstep.tools.eval import EvalError
@@ -262,34 +287,56 @@ class _Evaluation:
                     raise
                 result.warning, self.video, video = f"no video ({err}); evaluations go on without one", False, None
                 played = self._play(request, None)
+            result.returns, result.lengths = [e.ret for e in played], [e.length for e in played]
+            if self.game:
+                result.outcomes["win_rate_random"] = _win_rate(result.returns)
+                if request["oldest"] is not None:
+                    oldest = request["oldest"]
+                    result.outcomes["win_rate_oldest"] = _win_rate([e.ret for e in self._play(request, None, oldest)])
+                    result.outcomes["oldest_version"] = oldest["version"]
         except Exception as err:  # the process stays for the next version; the learner logs it
             result.error = "".join(traceback.format_exception_only(err)).strip()
+            result.returns, result.lengths, result.outcomes = [], [], {}
             return result
-        result.returns, result.lengths = [e.ret for e in played], [e.length for e in played]
         result.video = video and str(video)
         if result.return_mean > self.best:
             self._save_best(request, result)
         result.seconds = time.perf_counter() - start
         return result
 
-    def _play(self, request: dict[str, Any], video: Path | None) -> list:
+    def _play(self, request: dict[str, Any], video: Path | None, opponent: dict[str, Any] | None = None) -> list:
+        """The episodes of the request's version; a self-play game's against random legal moves, or against
+        ``opponent`` (the request's ``oldest``: a version's parameters and observation moments)."""
         import torch
 
         from lockstep.algo.normalize import stored_moments
-        from lockstep.tools.eval import env_specs, make, play
-        from lockstep.tools.policy import load_policy
+        from lockstep.envs.selfplay import RandomOpponent, SelfPlayGame
+        from lockstep.tools.eval import ModelOpponent, env_specs, make, play
 
         env = make(self.config.env.id, video is not None, self.config.env.kwargs)
         try:
             specs = env_specs(env, self.config.env)
             mean, var = stored_moments(request["obs_rms"])  # of the whole observation, or of each Box leaf
-            parameters = {k: torch.from_numpy(v) for k, v in request["parameters"].items()}
-            model, normalize = load_policy(self.config, *specs, parameters, mean, var, torch.device("cpu"),
-                                           f"version {request['version']}")
+            model, normalize = self._policy(specs, request["parameters"], mean, var, f"version {request['version']}")
+            self.game = isinstance(env.unwrapped, SelfPlayGame)
+            if self.game and opponent is None:
+                env.unwrapped.opponent = RandomOpponent(specs[0].mask or "action_mask", self.seed)
+            elif self.game:
+                other, other_normalize = self._policy(specs, opponent["parameters"], opponent["obs_mean"],
+                                                      opponent["obs_var"], f"version {opponent['version']}")
+                env.unwrapped.opponent = ModelOpponent(other, other_normalize, specs[0], self.seed, torch.device("cpu"))
             return play(env, self.config.env.id, model, normalize, specs, self.episodes, self.deterministic,
                         self.seed, torch.device("cpu"), video)
         finally:
             env.close()
+
+    def _policy(self, specs, parameters: dict[str, Any], mean, var, name: str):
+        import torch
+
+        from lockstep.tools.policy import load_policy
+
+        return load_policy(self.config, *specs, {k: torch.from_numpy(v) for k, v in parameters.items()}, mean, var,
+                           torch.device("cpu"), name)
 
     def _save_best(self, request: dict[str, Any], result: EvalResult) -> None:
         import torch

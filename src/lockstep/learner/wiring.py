@@ -57,7 +57,7 @@ class Learner:
         config.validate()
         security.check_server(config.learner.listen, token, config.learner.tls_cert, config.learner.tls_key)
         self.config, self.run_dir, self.token = config, run_dir, token  # the token is never written to the run dir
-        self.spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.kwargs)
+        self.spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.vector_kwargs())
         self.device = prepare_device(config.learner.device, config.learner.deterministic)
         torch.set_num_threads(config.learner.torch_threads)
         self.strategy = sync.strategy(config.sync.strategy, config.sync.max_lag)
@@ -90,6 +90,7 @@ class Learner:
                                  self.backend, self.phases, self.report.counters, self.episodes, self.clock)
         self.sessions.slot_counters.update(slot_counters)
         self.sessions.opponents = opponents.for_run(config, self.spec, self.backend, self.report.counters)
+        self.report.opponents = self.sessions.opponents
         self.port, self.local_address, self.error = None, None, None  # gRPC port; unix:/path (or None); failure
         self._servers: list[LearnerServer | shm.LocalServer] = []  # their codec_s goes into the time split
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lockstep.learner.backends import InferenceStats
 from lockstep.learner.evaluation import EvalResult, Evaluator
@@ -28,6 +28,9 @@ from lockstep.learner.trainer import Trainer, TrainStats
 from lockstep.observe.metrics import EpisodeTracker, MetricsWriter, write_summary
 from lockstep.observe.progress import Status
 from lockstep.observe.tracking import WandbRun
+
+if TYPE_CHECKING:
+    from lockstep.learner.opponents import OpponentPool
 
 
 @dataclass
@@ -150,6 +153,7 @@ class Report:
         self.metrics: MetricsWriter | None = None
         self.tracker: WandbRun | None = None  # --wandb
         self.evaluator: Evaluator | None = None  # run.eval_every
+        self.opponents: OpponentPool | None = None  # a self-play run's: its oldest member is evaluated against
 
     def open(self, resume_after: int | None) -> None:
         self.metrics = MetricsWriter(self.run_dir, resume_after=resume_after)
@@ -274,7 +278,9 @@ class Report:
         if self.evaluator is None:
             return None
         evaluated = self.evaluator.collect()
-        if self.evaluator.due(self.trainer.iteration) and not self.evaluator.submit(self.trainer):
+        pool = self.opponents
+        oldest = pool.pool[0] if pool is not None and pool.pool else None  # a frozen snapshot: read, never written
+        if self.evaluator.due(self.trainer.iteration) and not self.evaluator.submit(self.trainer, oldest):
             self.counters.skipped_evaluations += 1
         return evaluated
 
@@ -332,7 +338,8 @@ def _eval_columns(result: EvalResult | None) -> dict[str, Any]:
     if result is None:
         return {}
     return {"eval_return_mean": result.return_mean, "eval_return_std": result.return_std,
-            "eval_iteration": result.iteration, "eval_env_steps": result.env_steps}
+            "eval_iteration": result.iteration, "eval_env_steps": result.env_steps,
+            **{f"eval_{key}": value for key, value in result.outcomes.items()}}
 
 
 def _eval_status(result: EvalResult | None) -> dict[str, Any]:

@@ -341,7 +341,7 @@ def check(run_dir: Path, tolerance: float = 1e-5) -> AuditReport:
         config = load_config(directory / "config.yaml")
     except Exception as err:
         raise AuditError(f"cannot read {directory / 'config.yaml'}: {err}") from err
-    spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.kwargs)
+    spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.vector_kwargs())
     policies = _Policies(directory, config, spec)
     batches = []
     for path in directory.glob("batch_*.npz"):

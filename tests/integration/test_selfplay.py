@@ -10,7 +10,7 @@ from conftest import learner_config
 
 from lockstep.envs import turns
 from lockstep.launch.local import train
-from lockstep.observe.rundir import RunDir
+from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
 from lockstep.tools import eval as evaluation
 

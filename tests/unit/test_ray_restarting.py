@@ -19,7 +19,6 @@ from conftest import learner_config  # noqa: E402
 from lockstep.launch import ray as ray_launch  # noqa: E402
 from lockstep.launch.restart import RestartPolicy  # noqa: E402
 
-
 PENDING = object()  # a call that has not returned (a restarted actor's loop runs on)
 
 

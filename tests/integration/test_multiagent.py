@@ -10,6 +10,7 @@ from conftest import learner_config
 from lockstep.envs.departures import LIFETIMES
 from lockstep.envs.spaces import ACTIVE_LEAF
 from lockstep.launch.local import train
+from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
 
 DEPARTURES = "pettingzoo:lockstep.envs.departures"  # a0 leaves after 3 steps, a1 after 6, a2 after 10 (episode)
@@ -25,9 +26,16 @@ def _config(transport: str, **overrides):
 @pytest.mark.parametrize("transport", ["shm", "inprocess"])
 def test_agents_that_leave_early_are_masked_out_and_the_run_passes_the_audit(tmp_path, transport):
     run_dir = tmp_path / "run"
-    summary = train(_config(transport, **{"ppo.total_steps": 4 * 2 * 2 * 3 * T, "run.audit": True}), run_dir)
+    summary = train(_config(transport, **{"ppo.total_steps": 4 * 2 * 2 * 3 * T, "run.audit": True,
+                                          "env.agent_id": True}), run_dir)
     slots = 2 * 2 * 3  # actors x envs x agents
     assert summary["env_steps"] == 4 * slots * T
+    # per-env returns: each env's episode (10 steps) the sum of its three agents'; 8 per env in 4 x 20 steps
+    assert summary["team_episodes"] == 2 * 2 * 8, summary
+    rows = RunDir(run_dir).metrics()
+    assert int(rows[-1]["team_episodes"]) == 2 * 2 * 8
+    assert float(rows[-1]["team_return_mean"]) == pytest.approx(summary["team_return_mean"])
+    assert 0 <= summary["team_return_mean"] <= 3 + 6 + 10
     report = audit.check(run_dir)
     assert report.exit_code == 0 and report.differing == 0 and report.samples == 4 * slots * T
     gone_per_episode = {agent: 10 - life for agent, life in LIFETIMES.items()}  # a0: 7, a1: 4, a2: 0
@@ -36,11 +44,13 @@ def test_agents_that_leave_early_are_masked_out_and_the_run_passes_the_audit(tmp
         with np.load(path) as batch:
             active = batch[f"obs/{ACTIVE_LEAF}"][..., 0]  # [T, N]
             observation = batch["obs/observation"]  # [T, N, 3]
+            agent_id = batch["obs/agent_id"]  # [T, N, 3]: env.agent_id, in every step, inactive ones too
         for n in range(slots):
             agent = list(LIFETIMES)[n % 3]
             expected = (np.arange(T) % 10) < LIFETIMES[agent]
             assert (active[:, n] == expected).all(), (path.name, n)
             assert not observation[~expected, n].any()  # a departed agent's placeholder reached nobody's loss
+            assert (agent_id[:, n] == np.eye(3)[n % 3]).all(), (path.name, n)
     assert "agents that had left" in audit.format_report(report)
 
 

@@ -79,6 +79,7 @@ class EnvSpec:
     env_id: str
     observation: SpaceSpec
     action: SpaceSpec
+    agents: int = 1  # slots per env: a PettingZoo parallel env's agents, each env's in consecutive slots
 
 
 # scheme -> make(name, training=True, **kwargs): the env of the id "scheme:name"
@@ -234,7 +235,8 @@ def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mas
     try:
         action = action_spec(env.action_space)
         observation = SpaceSpec.from_space(env.observation_space, obs_keys)
-        return EnvSpec(env_id, with_action_mask(observation, action, action_mask_key), action)
+        return EnvSpec(env_id, with_action_mask(observation, action, action_mask_key), action,
+                       agents=env.agents if parallel else 1)
     finally:
         env.close()
 

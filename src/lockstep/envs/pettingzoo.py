@@ -194,6 +194,7 @@ class _AgentView:
         self._slots = slots
         self.observation_space = slots.single_observation_space
         self.action_space = slots.single_action_space
+        self.agents = len(slots.agents)  # slots per env
 
     def close(self) -> None:
         self._slots.close()

@@ -33,6 +33,7 @@ from lockstep.algo import noise
 from lockstep.envs import EnvSpec
 from lockstep.learner.backends import InferenceBackend
 from lockstep.learner.rollout import PhaseStore, Unroll
+from lockstep.learner.teams import TeamReturns
 from lockstep.observe.metrics import EpisodeTracker
 from lockstep.observe.report import Clock, Counters, ReleaseLatency
 from lockstep.sync import Admission, AdmissionGate
@@ -70,6 +71,8 @@ class Sessions:
         self._retired_runs: set[str] = set()  # run ids of connections that ended: a replayed hello is refused
         self.releases = ReleaseLatency()  # per phase: publish -> the last held request resumed (summary.json)
         self.opponents: OpponentPool | None = None  # a self-play game's opponents (``learner.opponents``)
+        # a PettingZoo parallel env's finished env episodes, their agents' returns summed (``learner.teams``)
+        self.teams = EpisodeTracker(()) if spec.agents > 1 else None
 
     @property
     def actor_ids(self) -> list[int]:
@@ -213,6 +216,10 @@ class Session:
         # policy). A new session (a new run id: an actor that started or reconnected) starts from zeros;
         # an episode's end resets it.
         self.state = np.zeros((self.num_envs, sessions.backend.state_size), np.float32)
+        # per-env returns of a multi-agent env; an actor's first connection starts at its envs' reset
+        agents = sessions.spec.agents
+        self.teams = (TeamReturns(agents, self.num_envs, from_reset=self.counter == 0)
+                      if sessions.teams is not None and self.num_envs % agents == 0 else None)
         self.replaced_by: str | None = None  # the connection that replaced this one: "run ID from PEER"
         spec = sessions.spec
         self._shapes = (spec.observation.shape, spec.observation.array_dtype,
@@ -278,6 +285,10 @@ class Session:
         # far, so this message's episodes ended in the step with counter self.counter - 1.
         sessions.episodes.add(data.episode_return, data.episode_length, sessions.counters.collected_steps,
                               sessions.clock.wall_s, key=(self.counter, self.member))
+        if self.teams is not None and self.counter > self.first_counter:  # the outcome of this session's step
+            returns, lengths = self.teams.step(data.reward, data.terminated, data.truncated)
+            sessions.teams.add(returns, lengths, sessions.counters.collected_steps, sessions.clock.wall_s,
+                               key=(self.counter, self.member))
 
         self._loop = asyncio.get_running_loop()  # where _release sends the admission
         result = sessions.gate.request(self.member, self._release)

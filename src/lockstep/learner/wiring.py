@@ -91,6 +91,7 @@ class Learner:
         self.sessions.slot_counters.update(slot_counters)
         self.sessions.opponents = opponents.for_run(config, self.spec, self.backend, self.report.counters)
         self.report.opponents = self.sessions.opponents
+        self.report.teams = self.sessions.teams
         self.port, self.local_address, self.error = None, None, None  # gRPC port; unix:/path (or None); failure
         self._servers: list[LearnerServer | shm.LocalServer] = []  # their codec_s goes into the time split
         self._loop: asyncio.AbstractEventLoop | None = None

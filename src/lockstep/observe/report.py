@@ -154,6 +154,7 @@ class Report:
         self.tracker: WandbRun | None = None  # --wandb
         self.evaluator: Evaluator | None = None  # run.eval_every
         self.opponents: OpponentPool | None = None  # a self-play run's: its oldest member is evaluated against
+        self.teams: EpisodeTracker | None = None  # a multi-agent env's per-env episodes (``learner.teams``)
 
     def open(self, resume_after: int | None) -> None:
         self.metrics = MetricsWriter(self.run_dir, resume_after=resume_after)
@@ -188,6 +189,7 @@ class Report:
         return {
             "trainer": self.trainer.state_dict(),
             "episodes": self.episodes.state_dict(),
+            **({"teams": self.teams.state_dict()} if self.teams is not None else {}),
             "counters": self.totals(),
             "slot_counters": dict(slot_counters),
             "wall_s": self.clock.wall_s,
@@ -198,6 +200,8 @@ class Report:
         """Continue from a checkpoint's state (``checkpoint_state``); return the actors' noise counters."""
         self.trainer.load_state_dict(state["trainer"])
         self.episodes.load_state_dict(state["episodes"])
+        if self.teams is not None and "teams" in state:
+            self.teams.load_state_dict(state["teams"])
         self.restore(state["counters"])
         self.clock.offset = state["wall_s"]
         return {int(k): v for k, v in state["slot_counters"].items()}
@@ -260,6 +264,7 @@ class Report:
             "approx_kl": stats.update.approx_kl,
             "clip_fraction": stats.update.clip_fraction,
             **_eval_columns(evaluated),
+            **self._team_columns(),
             # an action of several parts: TensorBoard and W&B only (metrics.csv's columns are the same for every env)
             **{f"entropy/{entry}": value for entry, value in stats.entropy_by_entry.items()},
         }
@@ -272,6 +277,14 @@ class Report:
             actors=actors, started=True, **_eval_status(self.evaluator and self.evaluator.last),
         )
         return row
+
+    def _team_columns(self) -> dict[str, Any]:
+        """A multi-agent env's per-env episodes: how many finished, the mean return of the last 100 (their
+        agents' returns summed); none (empty cells) for other envs."""
+        if self.teams is None:
+            return {}
+        teams = self.teams.stats()
+        return {"team_episodes": teams["episodes"], "team_return_mean": teams["episode_return_mean"]}
 
     def _evaluate(self) -> EvalResult | None:
         """The evaluation that finished since the last row; hand over the trainer's version if one is due."""
@@ -313,6 +326,7 @@ class Report:
             "episodes": ep["episodes"],
             "episode_return_mean": None if math.isnan(ep["episode_return_mean"]) else ep["episode_return_mean"],
             "first_reached": self.episodes.first_reached,
+            **{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in self._team_columns().items()},
             **self.totals(),
             "transitions_trained": trainer.samples_trained,  # by this learner (env_steps: by all, if several)
             "policy_lag_mean": trainer.lag_sum / trainer.samples_trained if trainer.samples_trained else 0.0,

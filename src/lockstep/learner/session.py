@@ -71,8 +71,9 @@ class Sessions:
         self._retired_runs: set[str] = set()  # run ids of connections that ended: a replayed hello is refused
         self.releases = ReleaseLatency()  # per phase: publish -> the last held request resumed (summary.json)
         self.opponents: OpponentPool | None = None  # a self-play game's opponents (``learner.opponents``)
-        # a PettingZoo parallel env's finished env episodes, their agents' returns summed (``learner.teams``)
-        self.teams = EpisodeTracker(()) if spec.agents > 1 else None
+        # a PettingZoo parallel env's finished env episodes, their agents' returns summed (``learner.teams``),
+        # the report's, so that a resumed run continues them
+        self.teams: EpisodeTracker | None = None
 
     @property
     def actor_ids(self) -> list[int]:

@@ -63,9 +63,8 @@ class Learner:
         self.strategy = sync.strategy(config.sync.strategy, config.sync.max_lag)
         self.ranks = ranks  # several learners training one policy (torch.distributed): distributed.py
         self.trainer = parts.trainer(config, self.spec, self.device, max_lag=self.strategy.max_lag, ranks=ranks)
-        self.clock = Clock()
-        self.episodes = EpisodeTracker(config.return_thresholds())
-        self.report = Report(run_dir, self.trainer, self.episodes, self.clock)
+        self.clock, self.episodes = Clock(), EpisodeTracker(config.return_thresholds())
+        self.report = Report(run_dir, self.trainer, self.episodes, self.clock, self.spec.agents)
         run = config.run
         self.checkpointer = Checkpointer(run_dir / "checkpoints", run.checkpoint_every, run.checkpoint_minutes,
                                          run.keep_checkpoints)
@@ -90,8 +89,7 @@ class Learner:
                                  self.backend, self.phases, self.report.counters, self.episodes, self.clock)
         self.sessions.slot_counters.update(slot_counters)
         self.sessions.opponents = opponents.for_run(config, self.spec, self.backend, self.report.counters)
-        self.report.opponents = self.sessions.opponents
-        self.report.teams = self.sessions.teams
+        self.report.opponents, self.sessions.teams = self.sessions.opponents, self.report.teams  # both use them
         self.port, self.local_address, self.error = None, None, None  # gRPC port; unix:/path (or None); failure
         self._servers: list[LearnerServer | shm.LocalServer] = []  # their codec_s goes into the time split
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -141,7 +141,8 @@ class ReleaseLatency:
 class Report:
     """Turns the trainer's, the backend's and the learner's counts into metrics rows and the summary."""
 
-    def __init__(self, run_dir: Path, trainer: Trainer, episodes: EpisodeTracker, clock: Clock) -> None:
+    def __init__(self, run_dir: Path, trainer: Trainer, episodes: EpisodeTracker, clock: Clock,
+                 agents: int = 1) -> None:
         self.run_dir = run_dir
         self.trainer, self.episodes, self.clock = trainer, episodes, clock
         self.counters = Counters()
@@ -154,7 +155,8 @@ class Report:
         self.tracker: WandbRun | None = None  # --wandb
         self.evaluator: Evaluator | None = None  # run.eval_every
         self.opponents: OpponentPool | None = None  # a self-play run's: its oldest member is evaluated against
-        self.teams: EpisodeTracker | None = None  # a multi-agent env's per-env episodes (``learner.teams``)
+        # a multi-agent env's per-env episodes (``agents`` slots per env; ``learner.teams``)
+        self.teams = EpisodeTracker(()) if agents > 1 else None
 
     def open(self, resume_after: int | None) -> None:
         self.metrics = MetricsWriter(self.run_dir, resume_after=resume_after)

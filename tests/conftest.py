@@ -164,8 +164,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    # Units in the order of ``pytest_collection_modifyitems`` (xdist's default puts the files with the most
+    # tests first: the many quick unit tests, and the few slow end-to-end ones last, one worker idle meanwhile)
+    config.option.loadscopereorder = False
+
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _group_of(nodeid)
 
     return ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Ray tests first (the longest unit of work, one after the other on one worker), then the end-to-end
+    tests, then the unit tests: short units last, so that both workers finish together."""
+    items.sort(key=lambda item: (_group_of(item.nodeid) != "ray", "/unit/" in item.nodeid))

@@ -245,6 +245,9 @@ class SelfPlayConfig:
                                   ge=1)
     latest: float = setting(0.5, "pool: the chance that a slot's opponent is the current version rather than one "
                             "drawn uniformly from the pool; drawn for every slot at each new version", ge=0, le=1)
+    random: float = setting(0.0, "the chance that a slot's opponent plays uniformly random legal moves instead (drawn "
+                            "for every slot at each new version, after the above), so that the policy keeps "
+                            "beating simple play while its pool gets stronger", ge=0, le=1)
 
 
 @dataclass

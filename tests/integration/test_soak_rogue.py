@@ -10,7 +10,7 @@ from lockstep_bench import soak
 @pytest.mark.slow
 def test_a_tiny_soak_with_rogue_clients_refuses_each_and_reports_the_learners_resources(tmp_path, monkeypatch):
     monkeypatch.delenv("LOCKSTEP_TOKEN", raising=False)  # the soak sets its own for the run
-    report = soak.run(soak.SoakOptions(minutes=0.4, kill_every_s=8.0, actors=2, envs_per_actor=2, rogue=2),
+    report = soak.run(soak.SoakOptions(minutes=0.2, kill_every_s=6.0, actors=2, envs_per_actor=2, rogue=2),
                       tmp_path)
     tally = report["rogue"]
     assert report["rogue_clients"] == 2

@@ -125,6 +125,11 @@ class PolicySnapshot:
         """Recurrent state per env slot (0: a feedforward policy)."""
         return self.model.state_size
 
+    @property
+    def noise_width(self) -> int:
+        """Uniform numbers a slot's action is sampled from (``algo.noise``)."""
+        return self.model.noise_width
+
     def initial_state(self, slots: int) -> np.ndarray:
         """[slots, S] zeros: the state of slots whose episodes start."""
         return self.model.initial_state(slots)

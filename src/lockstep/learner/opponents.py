@@ -15,6 +15,9 @@ Who the opponent is (``selfplay.opponents``):
   of each new version, the opponent is drawn: the current version with probability ``selfplay.latest``, else
   uniformly from the pool (reproducible from the run seed, the actor id and the version). A slot keeps its
   opponent for the whole version: all its games in one phase meet the same opponents.
+- either way, with probability ``selfplay.random`` (drawn after the above), ``RandomMoves``: uniformly random
+  legal moves, from the slot's noise and the action mask, no forward pass. A pool of ever stronger versions
+  can lead the policy away from what beats simple play; random opponents in the mix keep it there.
 
 Snapshots are the immutable ``PolicySnapshot``s the snapshot backend publishes, kept on the learner's device.
 The requests of every connected opponent session are gathered (up to ``learner.max_wait_ms``, or until each
@@ -57,6 +60,7 @@ class OpponentPool:
         self.current = current  # the snapshot that serves the learning player now
         self.observation = observation  # the learner's spec: it knows the action mask
         self.pool: list[PolicySnapshot] = []  # oldest first, at most config.pool_size
+        self.random = RandomMoves(observation, config.random)
         self.sessions: set[OpponentSession] = set()
         self._queue: list[_Request] = []
         self._flush: asyncio.Task | None = None
@@ -76,15 +80,19 @@ class OpponentPool:
         if not self.pool or self.pool[-1].version < snapshot.version:
             self.pool = [*self.pool, snapshot][-self.config.pool_size:]
 
-    def draw(self, member: int, num_envs: int) -> list[PolicySnapshot]:
+    def draw(self, member: int, num_envs: int) -> list[PolicySnapshot | RandomMoves]:
         """The opponent of each of actor ``member``'s ``num_envs`` slots for the current version (module docstring)."""
         current = self.current()
-        if self.config.opponents == "self" or not self.pool:
-            return [current] * num_envs
         rng = np.random.default_rng([self.seed, member, current.version])
-        latest = rng.random(num_envs) < self.config.latest
-        picks = rng.integers(len(self.pool), size=num_envs)
-        return [current if newest else self.pool[j] for newest, j in zip(latest, picks)]
+        if self.config.opponents == "self" or not self.pool:
+            drawn: list[PolicySnapshot | RandomMoves] = [current] * num_envs
+        else:
+            latest = rng.random(num_envs) < self.config.latest
+            picks = rng.integers(len(self.pool), size=num_envs)
+            drawn = [current if newest else self.pool[j] for newest, j in zip(latest, picks)]
+        if self.config.random > 0:
+            drawn = [self.random if r else d for r, d in zip(rng.random(num_envs) < self.config.random, drawn)]
+        return drawn
 
     def finish(self) -> None:
         """Training is over: every opponent connection's next step is answered with that."""
@@ -138,7 +146,7 @@ class OpponentPool:
             obs = np.concatenate([queue[r].obs[slot:slot + 1] for r, slot in pairs])  # [B, *obs]
             keys = np.concatenate([queue[r].session.keys[slot:slot + 1] for r, slot in pairs])
             counters = np.array([queue[r].session.counter for r, _ in pairs], np.uint64)
-            uniform = noise.uniform(keys, counters, snapshot.model.noise_width)
+            uniform = noise.uniform(keys, counters, snapshot.noise_width)
             actions = snapshot.step(obs, uniform, snapshot.initial_state(len(pairs)))[0]  # [B, *act]
             for (r, slot), action in zip(pairs, actions):
                 if answers[r] is None:
@@ -160,6 +168,30 @@ def for_run(config: Config, spec: EnvSpec, backend: InferenceBackend, counters: 
                          f"published snapshots, and {config.sync.strategy!r} updates the model in place")
     return OpponentPool(config.selfplay, config.run.seed, current, counters, config.learner.max_wait_ms / 1000.0,
                         spec.observation)
+
+
+class RandomMoves:
+    """The opponent that plays uniformly random legal moves (``selfplay.random``), answered like a snapshot:
+    ``step(obs [B], uniform [B, 1], state)`` -> (actions [B],), the ``u``-th legal move of each row's mask."""
+
+    version = -1  # no version of the policy
+    noise_width = 1
+    state_size = 0
+
+    def __init__(self, observation: SpaceSpec, share: float) -> None:
+        if share > 0 and not observation.mask:
+            raise ValueError("selfplay.random plays random legal moves: it needs an action mask in the observation "
+                             "(env.action_mask_key)")
+        self.mask = observation.mask
+
+    def initial_state(self, slots: int) -> np.ndarray:
+        return np.zeros((slots, 0), np.float32)
+
+    def step(self, obs: np.ndarray, uniform: np.ndarray, state: np.ndarray) -> tuple[np.ndarray]:
+        legal = np.asarray(obs[self.mask], bool).reshape(len(obs), -1)  # [B, n]
+        count = legal.sum(axis=1)  # [B], at least 1 (``check_action_mask``)
+        pick = np.minimum((uniform[:, 0] * count).astype(np.int64), count - 1)  # [B]
+        return ((np.cumsum(legal, axis=1) > pick[:, None]).argmax(axis=1),)  # the pick-th legal column
 
 
 @dataclass

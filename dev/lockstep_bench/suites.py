@@ -14,6 +14,11 @@ times ``--budget-scale``; ``run.stop_at_return`` is cleared so that every run en
                        against wall time (``lockstep.observe.plot``)
     DIR/ENTRY/         the resolved config.yaml, and per seed its run directory sSEED/ and log sSEED.log
 
+A self-play game (a turn-based ``pettingzoo:`` id, e.g. the ``selfplay`` suite's connect-four) is also
+played after training against uniformly random legal moves, ``GAMES`` games as ``lockstep eval RUN
+--opponent random --deterministic`` plays them (the learning seat alternating): the run's *win rate
+against random*, the figure its bounds are about (its training return is against its own pool).
+
 *Final return* of a run: the mean undiscounted return of the last 100 episodes it finished
 (``episode_return_mean`` of its ``summary.json``; the environment's own rewards, before any
 reward scaling; the mean of all of them when fewer than 100 finished). With 1000-step
@@ -42,6 +47,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "minatar": ("minatar-breakout",),
     "minigrid": ("minigrid-doorkey",),
     "multiagent": ("mpe-spread",),
+    "selfplay": ("connect-four",),
     "mujoco": ("halfcheetah", "hopper", "walker2d", "ant"),
     "atari": ("pong", "breakout"),
 }
@@ -51,6 +57,7 @@ FINAL_RETURN = ("the mean undiscounted return of the last 100 episodes a run fin
                 "episode_return_mean; the environment's own rewards, before any reward scaling; all of them "
                 "when fewer than 100 finished)")
 SPREAD = "population standard deviation over seeds (ddof 0)"
+GAMES = 200  # a self-play game's games against random moves after training
 
 CLEANRL_PPO = "https://docs.cleanrl.dev/rl-algorithms/ppo/"
 
@@ -124,10 +131,15 @@ BOUNDS: dict[str, Bounds] = {
         "that steers agent i straight to landmark i (-12.4 +- 4.5 per agent over 200 episodes), a hand-written "
         "policy, not a published PPO figure: MAPPO's MPE results (Yu et al. 2021) use a centralized critic and "
         "report another average, so they are not quoted here"),
+    "connect-four": Bounds(
+        "PettingZoo connect_four_v3, win rate against uniformly random legal moves", 0.5, 0.9,
+        "random: a random player against another wins about half the games, by symmetry (the seat alternates); "
+        "solved: beating random moves in 90% of 200 games, the bar the self-play issue set (no published PPO "
+        "figure for this game and opponent)"),
 }
 
-RUN_KEYS = ["seed", "run_dir", "final_return", "episodes", "env_steps", "wall_s", "sps", "process_s",
-            "loadavg_start", "loadavg_end", "command", "error"]
+RUN_KEYS = ["seed", "run_dir", "final_return", "win_rate_random", "episodes", "env_steps", "wall_s", "sps",
+            "process_s", "loadavg_start", "loadavg_end", "command", "error"]
 
 
 @dataclass
@@ -224,7 +236,27 @@ def _train(config_path: Path, seed: int, run_path: Path, timeout_s: float | None
         row["error"] = f"learner error: {summary['error']}"
     row.update(final_return=summary.get("episode_return_mean"), episodes=summary.get("episodes"),
                env_steps=summary.get("env_steps"), wall_s=summary.get("wall_s"), sps=summary.get("sps"))
+    if _is_game(config_lib.load(config_path).env.id) and not row["error"]:
+        row["win_rate_random"] = _win_rate_against_random(run_path)
     return row
+
+
+def _is_game(env_id: str) -> bool:
+    """Whether ``env_id`` is a self-play game (a turn-based ``pettingzoo:`` id)."""
+    scheme, _, name = env_id.partition(":")
+    if scheme != "pettingzoo":
+        return False
+    from lockstep.envs import selfplay
+
+    return selfplay.is_turn_based(name)
+
+
+def _win_rate_against_random(run_path: Path) -> float:
+    """``lockstep eval RUN --episodes GAMES --opponent random --deterministic``: the share of games won."""
+    from lockstep.tools import eval as evaluation
+
+    report = evaluation.evaluate(run_path, episodes=GAMES, deterministic=True, opponent="random")
+    return report.outcomes()["win_rate"]
 
 
 def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
@@ -239,10 +271,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     training seconds and env steps/s."""
     ok = [r for r in rows if not r["error"]]
     mean, std = _mean_std([r["final_return"] for r in ok])
+    win, win_std = _mean_std([r.get("win_rate_random") for r in ok])
     return {
         "seeds_ok": len(ok),
         "final_return_mean": mean,
         "final_return_std": std,
+        "win_rate_random_mean": win,
+        "win_rate_random_std": win_std,
         "env_steps": _mean_std([r["env_steps"] for r in ok])[0],
         "seconds": _mean_std([r["wall_s"] for r in ok])[0],
         "sps": _mean_std([r["sps"] for r in ok])[0],
@@ -361,24 +396,29 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['cpu_count']} CPU cores, torch {report['torch']}; load average (1, 5, 15 min) "
         f"{', '.join(map(str, report['loadavg_at_start']))} at start, "
         f"{', '.join(map(str, report['loadavg_at_end']))} at end; {report['elapsed_s']:g} s in all.\n",
-        "| env (preset) | seeds ok | final return, mean ± std | env steps | training s | env steps/s | "
-        "load 1m start → end | CleanRL | curves |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| env (preset) | seeds ok | final return, mean ± std | win rate vs random | env steps | training s | "
+        "env steps/s | load 1m start → end | CleanRL | curves |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in report["entries"]:
         if e["error"]:
-            lines.append(f"| {e['name']} | not run | | | | | | | |")
+            lines.append(f"| {e['name']} | not run | | | | | | | | |")
             continue
         final = "n/a" if e["final_return_mean"] is None else \
             f"{cell(e['final_return_mean'])} ± {cell(e['final_return_std'])}"
         curves = f"[{e['plot']}]({e['plot']})" if e["plot"] else "none"
+        per_seed = ", ".join(cell(r["win_rate_random"]) for r in e["runs"] if r.get("win_rate_random") is not None)
+        win = "-" if e.get("win_rate_random_mean") is None else \
+            f"{cell(e['win_rate_random_mean'])} ± {cell(e['win_rate_random_std'])} ({per_seed})"
         lines.append("| " + " | ".join([
-            f"{e['env']} ({e['name']})", f"{e['seeds_ok']}/{len(e['runs'])}", final, cell(e["env_steps"]),
+            f"{e['env']} ({e['name']})", f"{e['seeds_ok']}/{len(e['runs'])}", final, win, cell(e["env_steps"]),
             cell(e["seconds"]), cell(e["sps"]), f"{cell(e['loadavg_start'])} → {cell(e['loadavg_end'])}",
             _published_cell(e["published"]), curves]) + " |")
     lines += [
         "",
-        f"*Final return*: {report['final_return']}; ± is the {report['spread']}. *env steps*, *training s* "
+        f"*Final return*: {report['final_return']}; ± is the {report['spread']}. *Win rate vs random* (a "
+        f"self-play game): the share of {GAMES} games won against uniformly random legal moves after training, "
+        "the policy's mode playing, the seat alternating (per seed in brackets). *env steps*, *training s* "
         "(from the learner's first phase to the end of training; process start-up excluded) and *env steps/s* "
         "are means over the seeds that finished. *load 1m*: the 1-minute load average as the entry's first run "
         "started and as its last ended; above the core count, other work competed for the CPUs. "

@@ -132,7 +132,8 @@ def test_a_custom_suite_takes_presets_and_yaml_files_and_an_unknown_name_lists_t
     assert [(e.name, e.source) for e in suites.entries(f"acrobot,{path}")] == [("acrobot", "acrobot"),
                                                                               ("mine", str(path))]
     with pytest.raises(config_lib.ConfigError,
-                       match="unknown suite 'mujocoo'; suites: classic, minatar, minigrid, multiagent, mujoco"):
+                       match="unknown suite 'mujocoo'; suites: classic, minatar, minigrid, multiagent, selfplay, "
+                             "mujoco"):
         suites.entries("mujocoo")
 
 
@@ -165,8 +166,12 @@ def test_an_entry_summary_is_the_mean_and_population_std_over_the_seeds_that_fin
             {"final_return": None, "env_steps": None, "wall_s": None, "sps": None, "error": "exit code 1",
              "loadavg_start": 0.9, "loadavg_end": 1.1}]
     assert suites.summarize(rows) == {"seeds_ok": 2, "final_return_mean": 15.0, "final_return_std": 5.0,
+                                      "win_rate_random_mean": None, "win_rate_random_std": None,
                                       "env_steps": 100.0, "seconds": 3.0, "sps": 37.5,
                                       "loadavg_start": 0.5, "loadavg_end": 1.1}
+    rows[0]["win_rate_random"], rows[1]["win_rate_random"] = 0.9, 0.96  # a self-play game's, after training
+    summary = suites.summarize(rows)
+    assert (summary["win_rate_random_mean"], summary["win_rate_random_std"]) == (0.93, 0.03)
 
 
 def test_an_entry_without_a_cleanrl_table_reports_the_random_and_solved_returns_with_their_source():

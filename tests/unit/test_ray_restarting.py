@@ -60,20 +60,28 @@ def _restarting():
                                             "restarting.", None)
 
 
-def test_calls_made_while_ray_restarts_the_worker_are_made_again_and_the_restart_is_counted(tmp_path, caplog,
-                                                                                             monkeypatch):
-    monkeypatch.setattr(ray_launch, "RESTARTING_POLL_S", 0.0)
+def _died():
+    return exceptions.ActorUnavailableError("The actor is temporarily unavailable: RpcError: Socket closed", None)
+
+
+def _one_actor(tmp_path, where: list, run: list) -> tuple[ray_launch.RayActors, ray_launch._Actor]:
+    """A launcher of one actor whose calls are answered, in turn, by ``where`` and ``run``."""
     launcher = ray_launch.RayActors(learner_config({"actors.launcher": "ray", "actors.count": 1}), tmp_path, None,
                                     RestartPolicy(max_restarts=3, backoff_s=0.0))
     launcher._ray = _ScriptedRay()
-    died = exceptions.ActorUnavailableError("The actor is temporarily unavailable: RpcError: Socket closed", None)
-    # started; its worker dies; twice the calls find it restarting; then it is back (its run never returns)
-    where = [(101, "vm"), _restarting(), _restarting(), (102, "vm")]
-    run = [died, _restarting(), _restarting(), PENDING]
     actor = ray_launch._Actor(0, _Handle(where, run))
     launcher._call(actor)
     launcher.actors.append(actor)
     launcher._started = time.monotonic()
+    return launcher, actor
+
+
+def test_calls_made_while_ray_restarts_the_worker_are_made_again_and_the_restart_is_counted(tmp_path, caplog,
+                                                                                             monkeypatch):
+    monkeypatch.setattr(ray_launch, "RESTARTING_POLL_S", 0.0)
+    # started; its worker dies; twice the calls find it restarting; then it is back (its run never returns)
+    launcher, actor = _one_actor(tmp_path, [(101, "vm"), _restarting(), _restarting(), (102, "vm")],
+                                 [_died(), _restarting(), _restarting(), PENDING])
     with caplog.at_level(logging.INFO, logger="lockstep.train"):
         for _ in range(6):
             launcher.check(training=True)
@@ -86,15 +94,8 @@ def test_calls_made_while_ray_restarts_the_worker_are_made_again_and_the_restart
 def test_an_actor_ray_cannot_bring_back_in_time_is_given_up(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(ray_launch, "RESTARTING_POLL_S", 0.0)
     monkeypatch.setattr(ray_launch, "RESTARTING_LIMIT_S", 0.0)
-    launcher = ray_launch.RayActors(learner_config({"actors.launcher": "ray", "actors.count": 1}), tmp_path, None,
-                                    RestartPolicy(max_restarts=3, backoff_s=0.0))
-    launcher._ray = _ScriptedRay()
-    died = exceptions.ActorUnavailableError("The actor is temporarily unavailable: RpcError: Socket closed", None)
-    actor = ray_launch._Actor(0, _Handle([(101, "vm"), _restarting(), _restarting()],
-                                         [died, _restarting(), _restarting()]))
-    launcher._call(actor)
-    launcher.actors.append(actor)
-    launcher._started = time.monotonic()
+    launcher, actor = _one_actor(tmp_path, [(101, "vm"), _restarting(), _restarting()],
+                                 [_died(), _restarting(), _restarting()])
     with caplog.at_level(logging.INFO, logger="lockstep.train"):
         for _ in range(4):
             launcher.check(training=True)

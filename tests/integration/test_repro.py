@@ -30,10 +30,10 @@ def test_the_same_seed_gives_identical_metrics_beside_a_cpu_burner(tmp_path):
     config.run.thresholds = [195.0]
     path = tmp_path / "small.yaml"
     config_lib.save(config, path)
-    options = repro.ReproOptions(config=str(path), seed=3, iterations=30, burners=1, timeout_s=240)
+    options = repro.ReproOptions(config=str(path), seed=3, iterations=20, burners=1, timeout_s=240)
     report = repro.run(options, tmp_path / "repro")
     assert report["error"] is None, (tmp_path / "repro" / "loaded.log").read_text()[-2000:]
-    assert report["rows"] == [30, 30]
+    assert report["rows"] == [20, 20]
     assert report["first_difference"] is None, report["first_difference"]
     assert report["metrics_identical"] and report["parameters_identical"] and report["identical"]
     assert json.loads((tmp_path / "repro" / "repro.json").read_text())["identical"] is True

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from lockstep import config as config_lib
+from lockstep.envs import selfplay
 from lockstep.observe import plot
 from lockstep_bench import cell, runs
 
@@ -236,19 +237,9 @@ def _train(config_path: Path, seed: int, run_path: Path, timeout_s: float | None
         row["error"] = f"learner error: {summary['error']}"
     row.update(final_return=summary.get("episode_return_mean"), episodes=summary.get("episodes"),
                env_steps=summary.get("env_steps"), wall_s=summary.get("wall_s"), sps=summary.get("sps"))
-    if _is_game(config_lib.load(config_path).env.id) and not row["error"]:
+    if selfplay.is_game(config_lib.load(config_path).env.id) and not row["error"]:
         row["win_rate_random"] = _win_rate_against_random(run_path)
     return row
-
-
-def _is_game(env_id: str) -> bool:
-    """Whether ``env_id`` is a self-play game (a turn-based ``pettingzoo:`` id)."""
-    scheme, _, name = env_id.partition(":")
-    if scheme != "pettingzoo":
-        return False
-    from lockstep.envs import selfplay
-
-    return selfplay.is_turn_based(name)
 
 
 def _win_rate_against_random(run_path: Path) -> float:

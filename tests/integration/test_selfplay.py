@@ -9,7 +9,7 @@ import pytest
 from conftest import learner_config
 from lockstep_bench import suites
 
-from lockstep.envs import turns
+from lockstep.envs import selfplay, turns
 from lockstep.launch.local import train
 from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
@@ -78,5 +78,5 @@ def test_self_play_learns_to_beat_a_random_opponent_and_eval_reports_the_win_rat
     assert report.to_dict()["win_rate"] > 0.75, report.outcomes()
     assert sum(report.outcomes().values()) == pytest.approx(1.0)
     # what `lockstep bench learn --suite selfplay` reports of each seed: the mode's win rate over 200 games
-    assert suites._is_game(TURNS) and not suites._is_game("pettingzoo:lockstep.envs.departures")
+    assert selfplay.is_game(TURNS) and not selfplay.is_game("pettingzoo:lockstep.envs.departures")
     assert suites._win_rate_against_random(run_dir) > 0.75

@@ -47,6 +47,12 @@ def game_module(name: str) -> Any:
                          "PettingZoo games need pettingzoo and the game's own extras (pip install pettingzoo)") from err
 
 
+def is_game(env_id: str) -> bool:
+    """Whether ``env_id`` names a self-play game: ``pettingzoo:MODULE`` of a turn-based game."""
+    scheme, _, name = env_id.partition(":")
+    return scheme == SCHEME and is_turn_based(name)
+
+
 def is_turn_based(name: str) -> bool:
     """Whether ``pettingzoo:name`` is a self-play game: a module with ``env()`` (AEC) and no ``parallel_env``."""
     module = game_module(name)

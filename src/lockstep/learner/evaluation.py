@@ -256,25 +256,21 @@ def serve(requests, results, run_dir: str, seed: int, episodes: int, determinist
         results.put(player.evaluate(request))
 
 
-def _win_rate(returns: list[float]) -> float:
-    """The share of games won: the learning player's return above 0 (``tools.eval.Report.outcomes``)."""
-    return sum(r > 0 for r in returns) / len(returns)
-
-
 class _Evaluation:
     """Inside the evaluation process: plays each version, keeps the best as checkpoints/best.pt."""
 
     def __init__(self, run_dir: Path, seed: int, episodes: int, deterministic: bool, best: float) -> None:
+        from lockstep.envs.selfplay import is_game
         from lockstep.tools import eval as evaluation
 
         self.run_dir, self.seed, self.episodes, self.deterministic = run_dir, seed, episodes, deterministic
         self.best = best  # the mean return a new best.pt must beat
         self.config = evaluation.load_config(run_dir)
         self.video = True  # until a video could not be made
-        self.game = False  # the env is a self-play game (known once one is made)
+        self.game = is_game(self.config.env.id)  # games are played against random moves and the oldest member
 
     def evaluate(self, request: dict[str, Any]) -> EvalResult:
-        from lockstep.tools.eval import EvalError
+        from lockstep.tools.eval import EvalError, outcomes
 
         start = time.perf_counter()
         result = EvalResult(request["iteration"], request["env_steps"], request["version"], [], [], 0.0)
@@ -289,10 +285,11 @@ class _Evaluation:
                 played = self._play(request, None)
             result.returns, result.lengths = [e.ret for e in played], [e.length for e in played]
             if self.game:
-                result.outcomes["win_rate_random"] = _win_rate(result.returns)
+                result.outcomes["win_rate_random"] = outcomes(result.returns)["win_rate"]
                 if request["oldest"] is not None:
                     oldest = request["oldest"]
-                    result.outcomes["win_rate_oldest"] = _win_rate([e.ret for e in self._play(request, None, oldest)])
+                    against = [e.ret for e in self._play(request, None, oldest)]
+                    result.outcomes["win_rate_oldest"] = outcomes(against)["win_rate"]
                     result.outcomes["oldest_version"] = oldest["version"]
         except Exception as err:  # the process stays for the next version; the learner logs it
             result.error = "".join(traceback.format_exception_only(err)).strip()
@@ -310,7 +307,7 @@ class _Evaluation:
         import torch
 
         from lockstep.algo.normalize import stored_moments
-        from lockstep.envs.selfplay import RandomOpponent, SelfPlayGame
+        from lockstep.envs.selfplay import RandomOpponent
         from lockstep.tools.eval import ModelOpponent, env_specs, make, play
 
         env = make(self.config.env.id, video is not None, self.config.env.kwargs)
@@ -318,7 +315,6 @@ class _Evaluation:
             specs = env_specs(env, self.config.env)
             mean, var = stored_moments(request["obs_rms"])  # of the whole observation, or of each Box leaf
             model, normalize = self._policy(specs, request["parameters"], mean, var, f"version {request['version']}")
-            self.game = isinstance(env.unwrapped, SelfPlayGame)
             if self.game and opponent is None:
                 env.unwrapped.opponent = RandomOpponent(specs[0].mask or "action_mask", self.seed)
             elif self.game:

@@ -159,8 +159,7 @@ class OpponentPool:
 
 def for_run(config: Config, spec: EnvSpec, backend: InferenceBackend, counters: Counters) -> OpponentPool | None:
     """The opponents of a self-play run (env id ``pettingzoo:MODULE`` of a turn-based game), else None."""
-    scheme, _, name = config.env.id.partition(":")
-    if scheme != selfplay.SCHEME or not selfplay.is_turn_based(name):
+    if not selfplay.is_game(config.env.id):
         return None
     current = getattr(backend, "current", None)
     if current is None:

@@ -103,10 +103,14 @@ class Report:
         return data
 
     def outcomes(self) -> dict[str, float]:
-        """A two-player game's win, draw and loss rates: the learning player's return above, at or below 0."""
-        returns = self.returns
-        return {"win_rate": float(np.mean(returns > 0)), "draw_rate": float(np.mean(returns == 0)),
-                "loss_rate": float(np.mean(returns < 0))}
+        return outcomes(self.returns)
+
+
+def outcomes(returns) -> dict[str, float]:
+    """A two-player game's win, draw and loss rates: the learning player's return above, at or below 0."""
+    returns = np.asarray(returns, np.float64)
+    return {"win_rate": float(np.mean(returns > 0)), "draw_rate": float(np.mean(returns == 0)),
+            "loss_rate": float(np.mean(returns < 0))}
 
 
 def load_from_checkpoint(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, action: SpaceSpec,

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from lockstep.algo.optim import GradientStep
+
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
         continues: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,51 +152,48 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
     no_samples = torch.ones((), dtype=torch.bool, device=device)  # a minibatch without samples: a finite loss
     attempted = 0
     on_device = _skips_on_device(optimizer)
+    gradients = GradientStep(model, optimizer, max_grad_norm)
     sections = minibatches if reduce_gradients is not None else min(minibatches, units)
     approx_kl: torch.Tensor | float = 0.0  # the last minibatch's
-    try:
-        for _ in range(epochs):
-            host_order = torch.randperm(units, generator=generator, device="cpu")
-            order = host_order.to(device, non_blocking=True)
-            for idx, host_idx in zip(torch.tensor_split(order, sections), torch.tensor_split(host_order, sections)):
-                optimizer.zero_grad(set_to_none=False)
-                samples, finite = 0, no_samples  # zero gradients
-                if len(idx):
-                    new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy = minibatch(
-                        idx, host_idx.numpy())
-                    samples = len(new_logprob)
-                if samples:
-                    parts = ppo_loss(new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy,
-                                     clip_coef=clip_coef, clip_vloss=clip_vloss, vf_coef=vf_coef,
-                                     ent_coef=ent_coef, norm_adv=norm_adv)
-                    parts.loss.backward()
-                    finite = torch.isfinite(parts.loss.detach())
-                    if reduce_gradients is not None:  # a loss of inf can have finite gradients: poison them for
-                        # every learner to skip alike (x 1.0 leaves finite ones as they are; one kernel for all)
-                        grads = [p.grad for p in model.parameters() if p.grad is not None]
-                        torch._foreach_mul_(grads, torch.where(finite, 1.0, math.nan))
-                    good = finite & torch.isfinite(parts.approx_kl)
-                    sums += torch.where(good, torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(),
-                                                           parts.entropy.detach(), parts.approx_kl,
-                                                           parts.clip_fraction]), 0.0)
-                    taken += good
-                    approx_kl = parts.approx_kl
-                if reduce_gradients is not None:
-                    reduce_gradients(samples)
-                elif not samples:
-                    continue
-                attempted += 1
-                bad = ~(torch.isfinite(nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)) & finite)
-                skipped += bad
-                if on_device:
-                    optimizer.found_inf = bad.float()
-                    optimizer.step()
-                elif not bad.item():
-                    optimizer.step()
-            if target_kl is not None and (agree(float(approx_kl)) if agree else float(approx_kl)) > target_kl:
-                break
-    finally:
-        optimizer.__dict__.pop("found_inf", None)  # the optimizer's next user must not skip on this flag
+    for _ in range(epochs):
+        host_order = torch.randperm(units, generator=generator, device="cpu")
+        order = host_order.to(device, non_blocking=True)
+        for idx, host_idx in zip(torch.tensor_split(order, sections), torch.tensor_split(host_order, sections)):
+            gradients.zero()
+            samples, finite = 0, no_samples  # zero gradients
+            if len(idx):
+                new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy = minibatch(
+                    idx, host_idx.numpy())
+                samples = len(new_logprob)
+            if samples:
+                parts = ppo_loss(new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy,
+                                 clip_coef=clip_coef, clip_vloss=clip_vloss, vf_coef=vf_coef,
+                                 ent_coef=ent_coef, norm_adv=norm_adv)
+                parts.loss.backward()
+                finite = torch.isfinite(parts.loss.detach())
+                if reduce_gradients is not None:  # a loss of inf can have finite gradients: poison them for
+                    # every learner to skip alike (x 1.0 leaves finite ones as they are; one kernel for all)
+                    grads = [p.grad for p in model.parameters() if p.grad is not None]
+                    torch._foreach_mul_(grads, torch.where(finite, 1.0, math.nan))
+                good = finite & torch.isfinite(parts.approx_kl)
+                sums += torch.where(good, torch.stack([parts.policy_loss.detach(), parts.value_loss.detach(),
+                                                       parts.entropy.detach(), parts.approx_kl,
+                                                       parts.clip_fraction]), 0.0)
+                taken += good
+                approx_kl = parts.approx_kl
+            if reduce_gradients is not None:
+                reduce_gradients(samples)
+            elif not samples:
+                continue
+            attempted += 1
+            bad = ~(torch.isfinite(gradients.clip()) & finite)
+            skipped += bad
+            if on_device:
+                gradients.step(found_inf=bad.float())
+            elif not bad.item():
+                gradients.step(found_inf=None)
+        if target_kl is not None and (agree(float(approx_kl)) if agree else float(approx_kl)) > target_kl:
+            break
     read = torch.cat([sums, taken[None], skipped[None]]).tolist()  # the update's one read of the device
     means = (np.array(read[:5], np.float32) / np.float32(max(int(read[5]), 1))).tolist()
     return UpdateStats(*means, gradient_steps=attempted - int(read[6]), skipped_steps=int(read[6]))
@@ -202,7 +201,7 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
 
 def _each_leaf(fn: Callable[[torch.Tensor], torch.Tensor], obs: torch.Tensor | dict) -> torch.Tensor | dict:
     """``fn`` of the observation tensor, or of each leaf of a Dict or Tuple observation's dict of tensors
-    (``common.tree.leaf_map``, restated: this module imports nothing of lockstep)."""
+    (``common.tree.leaf_map``, restated: this module imports nothing of lockstep but the optimizer step)."""
     return {path: fn(x) for path, x in obs.items()} if isinstance(obs, dict) else fn(obs)
 
 

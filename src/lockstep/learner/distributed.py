@@ -148,9 +148,13 @@ class Ranks:
         dist.all_reduce(count)
         flat = (flat / max(count.item(), 1.0)).to(params[0].dtype)
         offset = 0
-        for p in params:
+        for p in params:  # into the gradients in place: the update's bound tensors stay the model's (``algo.optim``)
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
+            mean = flat[offset:offset + n].view_as(p)
+            if p.grad is None:
+                p.grad = mean.clone()
+            else:
+                p.grad.copy_(mean)
             offset += n
 
     def moments(self, x: np.ndarray, shape: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray, int]]:

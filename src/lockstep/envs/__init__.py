@@ -53,7 +53,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode
 
 from lockstep.envs import envpool as envpool_backend
 from lockstep.envs import pettingzoo, selfplay
@@ -72,6 +71,7 @@ from lockstep.envs.spaces import leaf_choices as leaf_choices
 from lockstep.envs.spaces import stack_records as stack_records
 from lockstep.envs.spaces import to_records as to_records
 from lockstep.envs.spaces import with_action_mask as with_action_mask
+from lockstep.envs.vector import SameStepVectorEnv
 
 
 @dataclass(frozen=True)
@@ -216,10 +216,7 @@ def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = 
         return selfplay.SelfPlayVectorEnv(name, num_envs, kwargs=kwargs)
     if scheme == "pettingzoo":  # num_envs envs, one slot per agent: num_envs x agents slots
         return pettingzoo.make_vector(name, num_envs, kwargs)
-    envs = gym.vector.SyncVectorEnv(
-        [lambda: make_env(env_id, **kwargs) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
-    )
-    return FinishedEpisodes(envs)
+    return FinishedEpisodes(SameStepVectorEnv([lambda: make_env(env_id, **kwargs) for _ in range(num_envs)]))
 
 
 def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mask_key: str = "",

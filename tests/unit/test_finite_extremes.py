@@ -110,7 +110,7 @@ def _params(trainer: Trainer) -> list[torch.Tensor]:
 
 def _adam(trainer: Trainer) -> list[tuple[float, list, list]]:
     """Each parameter's Adam step count and moments; a state not created yet is the zeros it starts from (a
-    step skipped on the device, ``ppo._skips_on_device``, creates it: zeros, step 0)."""
+    step skipped on the device, ``optim._skips_on_device``, creates it: zeros, step 0)."""
     state = trainer.optimizer.state
     return [(float(state[p]["step"]), state[p]["exp_avg"].tolist(), state[p]["exp_avg_sq"].tolist()) if state.get(p)
             else (0.0, torch.zeros_like(p).tolist(), torch.zeros_like(p).tolist()) for p in trainer.model.parameters()]

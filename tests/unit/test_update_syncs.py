@@ -12,7 +12,7 @@ import pytest
 import torch
 from lockstep_bench.syncs import CASES, HostSyncs, batch, trainer
 
-from lockstep.algo import ppo
+from lockstep.algo import optim, ppo
 from lockstep.config import ModelConfig
 from lockstep.models import build_policy
 
@@ -45,7 +45,7 @@ def test_fused_adam_skips_a_non_finite_step_on_the_device_without_counting_it():
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
-    assert ppo._skips_on_device(optimizer)
+    assert optim._skips_on_device(optimizer)
 
     def minibatch(idx: torch.Tensor, host_idx: np.ndarray) -> ppo.Minibatch:
         value = model(torch.ones(len(idx), 1)).squeeze(1)

@@ -33,6 +33,12 @@ def _direct_adam(optimizer: torch.optim.Optimizer) -> bool:
             and not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks)
 
 
+def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` reads a ``found_inf`` flag and skips on the device when it is set (fused Adam:
+    the flag torch's GradScaler uses), so that deciding to skip a step needs no value read back."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
 class GradientStep:
     """Zeroing, clipping and the optimizer step of one update's minibatches, for ``model``'s parameters.
 
@@ -83,8 +89,15 @@ class GradientStep:
             torch._foreach_mul_(grads, torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0))
         return norm
 
-    def step(self, found_inf: torch.Tensor | None) -> None:
-        """``optimizer.step()``; fused Adam skips it on the device where ``found_inf`` (0-d float) is 1."""
+    def step(self, skip: torch.Tensor) -> None:
+        """``optimizer.step()`` unless ``skip`` (0-d bool): an optimizer that reads a ``found_inf`` flag (fused
+        Adam) skips on the device, without a read back; another reads ``skip`` back and steps or not."""
+        if _skips_on_device(self.optimizer):
+            self._step(skip.float())
+        elif not skip.item():
+            self._step(None)
+
+    def _step(self, found_inf: torch.Tensor | None) -> None:
         grads = self._bound() if self.direct_adam else None
         if grads is None or not self._adam_state():
             self._torch_step(found_inf)

@@ -115,12 +115,6 @@ Minibatch = tuple[torch.Tensor, ...]  # (new log-prob, old log-prob, advantages,
 #                                       entropy), each [b]: the samples of one minibatch, new_* with gradients
 
 
-def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step`` reads a ``found_inf`` flag and skips on the device when it is set (fused Adam:
-    the flag torch's GradScaler uses), so that deciding to skip a step needs no value read back."""
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
-
-
 def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
              minibatch: Callable[[torch.Tensor, np.ndarray], Minibatch], units: int, *, epochs: int,
              minibatches: int, clip_coef: float, clip_vloss: bool, vf_coef: float, ent_coef: float,
@@ -142,7 +136,7 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
     are averaged, so with several learners every learner sees the same non-finite norm and skips alike.
 
     Nothing is read back from the device per minibatch (each read waits for the GPU to finish): the
-    statistics and the skip decisions stay on the device, the step is skipped there (``_skips_on_device``;
+    statistics and the skip decisions stay on the device, the step is skipped there (``optim.GradientStep.step``;
     another optimizer reads the decision back per minibatch), and the host reads them once per update, and
     the KL once per epoch when ``target_kl`` is set. The early stop compares the epoch's last minibatch's KL.
     """
@@ -151,7 +145,6 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
     skipped = torch.zeros((), device=device)  # minibatches without an optimizer step
     no_samples = torch.ones((), dtype=torch.bool, device=device)  # a minibatch without samples: a finite loss
     attempted = 0
-    on_device = _skips_on_device(optimizer)
     gradients = GradientStep(model, optimizer, max_grad_norm)
     sections = minibatches if reduce_gradients is not None else min(minibatches, units)
     approx_kl: torch.Tensor | float = 0.0  # the last minibatch's
@@ -188,10 +181,7 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
             attempted += 1
             bad = ~(torch.isfinite(gradients.clip()) & finite)
             skipped += bad
-            if on_device:
-                gradients.step(found_inf=bad.float())
-            elif not bad.item():
-                gradients.step(found_inf=None)
+            gradients.step(skip=bad)
         if target_kl is not None and (agree(float(approx_kl)) if agree else float(approx_kl)) > target_kl:
             break
     read = torch.cat([sums, taken[None], skipped[None]]).tolist()  # the update's one read of the device

@@ -91,6 +91,24 @@ def test_the_direct_step_calls_no_optimizer_step_once_bound(monkeypatch):
     assert len(calls) == 1  # the first makes Adam's moments; then the kernel alone
 
 
+def test_a_step_set_on_the_optimizer_is_called_for_every_step():
+    # a wrapper that counts steps or injects a fault after one (tests/integration/test_failed_run.py) sets
+    # ``step`` on the instance: the direct kernel must not go around it
+    model = TwoHeads()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-4, eps=1e-5, fused=True)
+    calls, step_of_class = [], opt.step
+    opt.step = lambda *a, **k: calls.append(1) or step_of_class(*a, **k)
+    step = optim.GradientStep(model, opt, 0.5)
+    assert not step.direct_adam
+    for _ in range(3):
+        step.zero()
+        (model.actor(torch.ones(2, 11)).sum() + model.critic(torch.ones(2, 11)).sum() + model.log_std.sum()
+         ).backward()
+        step.clip()
+        step.step(skip=torch.tensor(False))
+    assert len(calls) == 3
+
+
 @pytest.mark.parametrize("make", [
     lambda params: torch.optim.Adam(params, lr=1e-3),  # not fused
     lambda params: torch.optim.Adam(params, lr=1e-3, fused=True, weight_decay=0.1),

@@ -20,8 +20,9 @@ from torch import nn
 
 
 def _direct_adam(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer``'s step is fused Adam's kernel alone, with nothing that torch.optim adds to it."""
-    if type(optimizer) is not torch.optim.Adam or len(optimizer.param_groups) != 1:
+    """Whether ``optimizer``'s step is fused Adam's kernel alone, with nothing that torch.optim adds to it and
+    nothing put in its place (a ``step`` set on the instance, as a wrapper that counts or injects faults does)."""
+    if type(optimizer) is not torch.optim.Adam or len(optimizer.param_groups) != 1 or "step" in vars(optimizer):
         return False
     if not hasattr(torch, "_fused_adam_"):
         return False

@@ -51,6 +51,16 @@ def _bits(tensors) -> list[bytes]:
     return [t.detach().numpy().tobytes() for t in tensors]
 
 
+def _steps_of_every_parameter(model: TwoHeads, step: optim.GradientStep, n: int) -> None:
+    """``n`` steps through ``step`` of a loss that gives every parameter of ``model`` a gradient."""
+    x = torch.ones(2, 11)
+    for _ in range(n):
+        step.zero()
+        (model.actor(x).sum() + model.critic(x).sum() + model.log_std.sum()).backward()
+        step.clip()
+        step.step(skip=torch.tensor(False))
+
+
 def test_the_direct_step_takes_the_same_steps_as_torch_optim_and_clip_grad_norm():
     reference = TwoHeads()
     direct = copy.deepcopy(reference)
@@ -82,12 +92,7 @@ def test_the_direct_step_calls_no_optimizer_step_once_bound(monkeypatch):
     opt2 = torch.optim.Adam(model2.parameters(), lr=3e-4, eps=1e-5, fused=True)
     step2 = optim.GradientStep(model2, opt2, 0.5)
     calls.clear()
-    for _ in range(4):
-        step2.zero()
-        (model2.actor(torch.ones(2, 11)).sum() + model2.critic(torch.ones(2, 11)).sum() + model2.log_std.sum()
-         ).backward()
-        step2.clip()
-        step2.step(skip=torch.tensor(False))
+    _steps_of_every_parameter(model2, step2, 4)
     assert len(calls) == 1  # the first makes Adam's moments; then the kernel alone
 
 
@@ -100,12 +105,7 @@ def test_a_step_set_on_the_optimizer_is_called_for_every_step():
     opt.step = lambda *a, **k: calls.append(1) or step_of_class(*a, **k)
     step = optim.GradientStep(model, opt, 0.5)
     assert not step.direct_adam
-    for _ in range(3):
-        step.zero()
-        (model.actor(torch.ones(2, 11)).sum() + model.critic(torch.ones(2, 11)).sum() + model.log_std.sum()
-         ).backward()
-        step.clip()
-        step.step(skip=torch.tensor(False))
+    _steps_of_every_parameter(model, step, 3)
     assert len(calls) == 3
 
 

@@ -121,8 +121,7 @@ class Rogues:
             where = self._learner()
             if where is None:
                 continue
-            for i in range(self.count):
-                kind = ROGUE_KINDS[(round_ + i) % len(ROGUE_KINDS)]
+            for kind in self._kinds(round_):
                 try:
                     getattr(self, f"_{kind}")(*where, rng)
                 except Exception as err:  # the learner restarting under us: not the learner's fault
@@ -131,6 +130,14 @@ class Rogues:
                         self._unexpected(kind, f"{type(err).__name__}: {err}")
             round_ += 1
             self._release(keep=4 * self.count)
+
+    def _kinds(self, round_: int) -> list[str]:
+        """What the ``count`` clients try this round: first the kinds not yet tried (or whose every try met a
+        learner that was restarting), so that a short soak tries each kind as early as it can, then the
+        rotation."""
+        untried = [kind for kind in ROGUE_KINDS if self.tally[kind]["tried"] <= 0]
+        rotation = [ROGUE_KINDS[(round_ + i) % len(ROGUE_KINDS)] for i in range(self.count)]
+        return (untried + rotation)[:self.count]
 
     def _learner(self) -> tuple[str, str | None] | None:
         try:

@@ -10,10 +10,10 @@ from lockstep_bench import soak
 @pytest.mark.slow
 def test_a_tiny_soak_with_rogue_clients_refuses_each_and_reports_the_learners_resources(tmp_path, monkeypatch):
     monkeypatch.delenv("LOCKSTEP_TOKEN", raising=False)  # the soak sets its own for the run
-    report = soak.run(soak.SoakOptions(minutes=0.2, kill_every_s=6.0, actors=2, envs_per_actor=2, rogue=2),
+    report = soak.run(soak.SoakOptions(minutes=0.2, kill_every_s=6.0, actors=2, envs_per_actor=2, rogue=4),
                       tmp_path)
     tally = report["rogue"]
-    assert report["rogue_clients"] == 2
+    assert report["rogue_clients"] == 4
     for kind in ("absurd", "steal"):
         assert tally[kind]["tried"] > 0 and tally[kind]["refused"] == tally[kind]["tried"], tally
     assert tally["idle"]["tried"] > 0 and tally["silent"]["tried"] > 0, tally

@@ -1,4 +1,5 @@
-"""``python -m lockstep_bench.parts``: the learner's per-message functions timed in thread CPU, over shared memory."""
+"""``python -m lockstep_bench.parts``: the learner's per-message functions timed in thread CPU, over shared memory;
+and ``lockstep_bench.pingpong``, the floor of that transport's wake-ups."""
 
 from __future__ import annotations
 
@@ -26,3 +27,11 @@ def test_parts_times_each_message_of_a_shared_memory_run_in_the_learner_only(tmp
     assert rows["Session.step"]["seconds"] > rows["PolicySnapshot.step"]["seconds"]  # the one holds the other
     assert "EnvLoop.step" not in rows  # the env steps in the actor process, which is not timed
     assert "| `PolicySnapshot.step` | 1,024 |" in done.stderr
+
+
+def test_the_ping_pong_floor_answers_every_frame_both_ways():
+    from lockstep_bench import pingpong
+
+    for mode in ("blocking", "asyncio"):
+        row = pingpong.measure(300, mode)
+        assert row["messages"] == 300 and row["round_trips_per_s"] > 0 and row["server_cpu_us_per_message"] > 0, row

@@ -36,7 +36,8 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     rows = throughput.run(out, quick=args.quick, device=args.device, configs=args.configs,
-                          transports=tuple(args.transports), roundtrip_messages=args.roundtrip_messages)
+                          transports=tuple(args.transports), roundtrip_messages=args.roundtrip_messages,
+                          repeats=args.repeats)
     print((out / "throughput.md").read_text())
     print(f"wrote {out / 'throughput.md'} and {out / 'throughput.json'}")
     return 0 if all(row["error"] is None for row in rows) else 1
@@ -205,6 +206,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--roundtrip-messages", type=int,
                    help="messages per transport in the round-trip micro-benchmark (default 20,480 with --quick, "
                         "else 102,400; 0 skips it)")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="run each config's baseline and modes N times, round after round, and add a table of the "
+                        "median ratios (default 1)")
     p.set_defaults(func=cmd_bench_throughput)
 
     p = bench_sub.add_parser("learn", help="seconds and env steps to a return threshold, per seed: lockstep train "

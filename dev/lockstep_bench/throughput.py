@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from lockstep import config as config_lib
@@ -187,7 +188,7 @@ def _row(bench: BenchConfig, mode: str, transport: str | None, result: dict[str,
 def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str] | None = None,
         total_steps: int | None = None, time_limit_s: float | None = None,
         modes: list[str] | None = None, transports: tuple[str, ...] = roundtrip.TRANSPORTS,
-        roundtrip_messages: int | None = None) -> list[dict[str, Any]]:
+        roundtrip_messages: int | None = None, repeats: int = 1) -> list[dict[str, Any]]:
     """Run the benchmark, write OUT/throughput.json and OUT/throughput.md, return the rows.
 
     ``total_steps`` and ``time_limit_s`` override every configuration's step budget and
@@ -195,6 +196,11 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
     where a mode needs its ratio). Every distributed mode runs once per transport in
     ``transports``; the round-trip micro-benchmark (``dev/lockstep_bench/roundtrip.py``) runs last, with
     ``roundtrip_messages`` messages per transport (0: skipped).
+
+    ``repeats`` > 1 runs each configuration's whole sequence (its baseline, then every mode and transport)
+    that many times, round after round, each row's ratio against its own round's baseline; the medians over
+    the rounds (``medians``) go to OUT/medians.json and a table of their own. One run of each is a rough
+    figure on a small shared machine: the same baseline has run at 6,300 and at 9,800 env steps/s minutes apart.
     """
     import torch
 
@@ -206,6 +212,8 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
         bad = [m for m in modes if m not in MODES]
         if bad:
             raise ValueError(f"unknown mode(s) {bad}; choose from {list(MODES)}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, not {repeats}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "configs").mkdir(exist_ok=True)
     began = time.perf_counter()
@@ -222,20 +230,24 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
         runs.mkdir(parents=True, exist_ok=True)
         timeout_s = 3 * limit + 120  # start-up, the last iteration past the cap, shutdown
         baseline_sps = None
-        for mode, transport in [(m, t) for m in bench.modes for t in ((None,) if m == "baseline" else transports)]:
-            if modes is not None and mode not in modes and mode != "baseline":
-                continue
-            label = mode if transport is None else f"{mode} over {transport}"
-            print(f"[throughput] {name} {label}: running ({steps:,} steps, cap {limit:g} s) ...", flush=True)
-            log_path = runs / f"{mode}{'' if transport is None else '-' + transport}.log"
+        sequence = [(m, t) for m in bench.modes for t in ((None,) if m == "baseline" else transports)
+                    if modes is None or m in modes or m == "baseline"]
+        for round_, (mode, transport) in [(r, step) for r in range(1, repeats + 1) for step in sequence]:
             if mode == "baseline":
-                result_path = runs / "baseline.json"
+                baseline_sps = None
+            label = (mode if transport is None else f"{mode} over {transport}") + (
+                f", round {round_} of {repeats}" if repeats > 1 else "")
+            print(f"[throughput] {name} {label}: running ({steps:,} steps, cap {limit:g} s) ...", flush=True)
+            suffix = f"-r{round_}" if repeats > 1 else ""
+            log_path = runs / f"{mode}{'' if transport is None else '-' + transport}{suffix}.log"
+            if mode == "baseline":
+                result_path = runs / f"baseline{suffix}.json"
                 result_path.unlink(missing_ok=True)
                 cmd = [sys.executable, "-m", "lockstep_bench.baseline", str(config_path), str(result_path)]
                 if bench.baseline_collect_only:
                     cmd.append("--collect-only")
             else:
-                run_dir = runs / f"{mode}-{transport}"
+                run_dir = runs / f"{mode}-{transport}{suffix}"
                 result_path = run_dir / "summary.json"
                 shutil.rmtree(run_dir, ignore_errors=True)  # this benchmark's own run of an earlier invocation
                 cmd = _learner_command(mode, transport, config_path, run_dir)
@@ -251,7 +263,7 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
             else:
                 result = json.loads(result_path.read_text())
             row = _row(bench, mode, transport, result, process_s, error)
-            row["loadavg_1m"] = load_1m
+            row["loadavg_1m"], row["round"] = load_1m, round_
             if mode == "baseline":
                 baseline_sps = row["env_steps_per_s"]
             sps = row["env_steps_per_s"]
@@ -271,7 +283,10 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
     trips = roundtrip.run(out / "roundtrip", messages, transports=transports) if messages else []
     elapsed = time.perf_counter() - began
     info = {
-        "command": _command(out, quick, device, configs),
+        "command": _command(out, quick, device, configs) + (
+            f" --transports {' '.join(transports)}" if tuple(transports) != roundtrip.TRANSPORTS else "") + (
+            f" --roundtrip-messages {roundtrip_messages}" if roundtrip_messages is not None else "") + (
+            f" --repeats {repeats}" if repeats > 1 else ""),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "device": device + (f" ({', '.join(sorted({r['device'] for r in rows if r['device']}))})"
@@ -279,11 +294,35 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
         "loadavg_at_start": [round(x, 2) for x in load],
         "elapsed_s": round(elapsed, 1),
     }
-    (out / "throughput.md").write_text(markdown(rows, info, names, trips))
+    central = medians(rows) if repeats > 1 else []
+    if central:
+        (out / "medians.json").write_text(json.dumps(central, indent=2) + "\n")
+    (out / "throughput.md").write_text(markdown(rows, info, names, trips, central))
     (out / "throughput.json").write_text(json.dumps(rows, indent=2) + "\n")  # roundtrip/roundtrip.json beside it
     print(f"[throughput] done in {elapsed:.0f} s; wrote {out / 'throughput.md'} and {out / 'throughput.json'}",
           flush=True)
     return rows
+
+
+def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (config, mode, transport), over its rounds that did not fail: the median env steps/s and the
+    median, lowest and highest ratio to its round's baseline; in the order the rows first appear."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["config"], row["mode"], row["transport"]), []).append(row)
+    central = []
+    for (config, mode, transport), group in groups.items():
+        ok = [r for r in group if r["error"] is None and r["env_steps_per_s"] is not None]
+        ratios = [r["ratio_to_baseline"] for r in ok if r["ratio_to_baseline"] is not None]
+        central.append({
+            "config": config, "mode": mode, "transport": transport,
+            "rounds": len(group), "failed": len(group) - len(ok),
+            "env_steps_per_s": float(np.median([r["env_steps_per_s"] for r in ok])) if ok else None,
+            "ratio_to_baseline": round(float(np.median(ratios)), 3) if ratios else None,
+            "ratio_range": [min(ratios), max(ratios)] if ratios else None,
+            "loadavg_1m_range": [min(r["loadavg_1m"] for r in group), max(r["loadavg_1m"] for r in group)],
+        })
+    return central
 
 
 def _command(out: Path, quick: bool, device: str, configs: list[str] | None) -> str:
@@ -297,7 +336,7 @@ def _command(out: Path, quick: bool, device: str, configs: list[str] | None) -> 
 
 
 def markdown(rows: list[dict[str, Any]], info: dict[str, Any], names: list[str],
-             trips: list[dict[str, Any]] | None = None) -> str:
+             trips: list[dict[str, Any]] | None = None, central: list[dict[str, Any]] | None = None) -> str:
     head = ["config", "mode", "transport", "env steps/s", "ratio to baseline", "inference batch mean", "peak RSS MB",
             "time split s", "env steps", "wall s", "final return", "load 1m"]
     lines = [
@@ -315,6 +354,8 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], names: list[str],
             mode += " (FAILED)"
         elif row["time_limited"]:
             mode += " (time limit)"
+        if central:
+            mode += f", round {row['round']}"
         cells = [row["config"], mode, row["transport"] or "-", cell(row["env_steps_per_s"]),
                  cell(row["ratio_to_baseline"]),
                  cell(row["inference_batch_mean"]), cell(row["learner_peak_rss_mb"]), _split(row["time_split_s"]),
@@ -333,6 +374,18 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], names: list[str],
         "before ppo.total_steps. load 1m: the machine's 1-minute load average as the run started; above the "
         "core count, other work competed for the CPUs and the figures are noisy.",
     ]
+    if central:
+        lines += ["", f"## Medians over {max(r['rounds'] for r in central)} rounds", "",
+                  "| config | mode | transport | rounds (failed) | env steps/s | ratio to baseline | ratio range | "
+                  "load 1m range |", "|---|---|---|---|---|---|---|---|"]
+        for c in central:
+            low_high = c["ratio_range"]
+            lines.append(f"| {c['config']} | {c['mode']} | {c['transport'] or '-'} | {c['rounds']} ({c['failed']}) | "
+                         f"{cell(c['env_steps_per_s'])} | {cell(c['ratio_to_baseline'])} | "
+                         f"{'n/a' if low_high is None else f'{low_high[0]:.3f}-{low_high[1]:.3f}'} | "
+                         f"{c['loadavg_1m_range'][0]:g}-{c['loadavg_1m_range'][1]:g} |")
+        lines += ["", "Each round runs the config's baseline and then its modes; a ratio divides by its own round's "
+                  "baseline, and the median is over the rounds' ratios (not the ratio of the medians)."]
     if trips:
         lines += [""] + roundtrip.markdown(trips)
     failed = [r for r in rows if r["error"]]

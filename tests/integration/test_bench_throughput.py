@@ -115,3 +115,23 @@ def test_bench_configs_are_the_repository_configs_with_the_stated_changes(name, 
                        "learner.device": "cpu"}.items():
         config_lib.set_value(expected, key, value)
     assert built == expected
+
+
+@pytest.mark.slow
+def test_repeated_rounds_give_each_row_its_rounds_baseline_and_a_median_per_mode(tmp_path):
+    rows = throughput.run(tmp_path, quick=True, device="cpu", configs=["cartpole-cleanrl"], total_steps=512,
+                          time_limit_s=30.0, modes=["strict"], transports=("inprocess",), roundtrip_messages=0,
+                          repeats=2)
+    assert [(r["mode"], r["round"]) for r in rows] == [("baseline", 1), ("strict", 1), ("baseline", 2), ("strict", 2)]
+    for baseline_row, strict_row in (rows[:2], rows[2:]):  # each ratio against its own round's baseline
+        assert strict_row["error"] is None, strict_row
+        assert strict_row["ratio_to_baseline"] == round(strict_row["env_steps_per_s"] / baseline_row["env_steps_per_s"],
+                                                        3)
+    central = json.loads((tmp_path / "medians.json").read_text())
+    assert [(c["mode"], c["rounds"], c["failed"]) for c in central] == [("baseline", 2, 0), ("strict", 2, 0)]
+    ratios = sorted(r["ratio_to_baseline"] for r in rows[1::2])
+    assert central[1]["ratio_range"] == ratios
+    assert central[1]["ratio_to_baseline"] == pytest.approx(sum(ratios) / 2, abs=1e-3)  # two rounds: their mean
+    md = (tmp_path / "throughput.md").read_text()
+    assert "## Medians over 2 rounds" in md and "| cartpole-cleanrl | strict | inprocess | 2 (0) |" in md
+    assert (tmp_path / "runs" / "cartpole-cleanrl" / "strict-inprocess-r2" / "summary.json").is_file()

@@ -283,10 +283,7 @@ def run(out: Path, quick: bool = False, device: str = "auto", configs: list[str]
     trips = roundtrip.run(out / "roundtrip", messages, transports=transports) if messages else []
     elapsed = time.perf_counter() - began
     info = {
-        "command": _command(out, quick, device, configs) + (
-            f" --transports {' '.join(transports)}" if tuple(transports) != roundtrip.TRANSPORTS else "") + (
-            f" --roundtrip-messages {roundtrip_messages}" if roundtrip_messages is not None else "") + (
-            f" --repeats {repeats}" if repeats > 1 else ""),
+        "command": _command(out, quick, device, configs, transports, roundtrip_messages, repeats),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "device": device + (f" ({', '.join(sorted({r['device'] for r in rows if r['device']}))})"
@@ -325,13 +322,20 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return central
 
 
-def _command(out: Path, quick: bool, device: str, configs: list[str] | None) -> str:
+def _command(out: Path, quick: bool, device: str, configs: list[str] | None, transports: tuple[str, ...],
+             roundtrip_messages: int | None, repeats: int) -> str:
     parts = ["lockstep bench throughput", f"--out {out}"]
     if quick:
         parts.append("--quick")
     parts.append(f"--device {device}")
     if configs:
         parts.append("--configs " + " ".join(configs))
+    if tuple(transports) != roundtrip.TRANSPORTS:
+        parts.append("--transports " + " ".join(transports))
+    if roundtrip_messages is not None:
+        parts.append(f"--roundtrip-messages {roundtrip_messages}")
+    if repeats > 1:
+        parts.append(f"--repeats {repeats}")
     return " ".join(parts)
 
 

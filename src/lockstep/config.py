@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.resources
+import importlib.util
 import logging
 import sys
 import types
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 Transport = Literal["shm", "grpc", "inprocess"]
 Launcher = Literal["local", "ray"]
+EventLoop = Literal["auto", "asyncio", "uvloop"]
 ModelKind = Literal["auto", "mlp", "nature-cnn", "small-cnn"]
 Activation = Literal["tanh", "relu"]
 SyncStrategy = Literal[SYNC_NAMES]  # the registry in lockstep.sync names the strategies
@@ -166,6 +168,9 @@ class LearnerConfig:
     max_wait_ms: float = setting(2.0, "longest a request waits for others to share its forward pass", ge=0)
     device: str = setting("auto", "where the network runs: auto, cpu, cuda or cuda:N", flag="--device")
     torch_threads: int = setting(1, "torch's threads (small networks run fastest on one)", ge=1)
+    event_loop: EventLoop = setting("auto", "the learner's event loop: asyncio's own, or uvloop's (in C: less "
+                                            "Python work per message, which shared-memory actors notice; pip "
+                                            "install 'lockstep[fast]'); auto: uvloop where it is installed")
     deterministic: bool = setting(False, "on a GPU, the same kernels and reduction orders on every run (cuDNN's "
                                          "deterministic algorithms, cuBLAS's fixed workspace): bitwise repeats, "
                                          "at some speed; the CPU is deterministic anyway")
@@ -338,6 +343,9 @@ class Config:
              f"per slot); {self.sync.strategy!r} updates the model in place"),
             (not self.run.eval_video_every or self.run.eval_every > 0,
              "run.eval_video_every records evaluations while training: it needs run.eval_every > 0"),
+            (self.learner.event_loop != "uvloop" or importlib.util.find_spec("uvloop") is not None,
+             "learner.event_loop is uvloop, but the uvloop package is not installed: pip install 'lockstep[fast]' "
+             "(Linux and macOS), or use learner.event_loop asyncio"),
             (not self.env.agent_id or _parallel_multiagent(self.env.id),
              f"env.agent_id adds an agent index to a PettingZoo parallel env's observations; {self.env.id} is none"),
             (not self.run.eval_every or not _parallel_multiagent(self.env.id),

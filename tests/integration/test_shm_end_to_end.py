@@ -37,15 +37,17 @@ def _assert_on_policy(run_dir: Path) -> list[dict]:
     return rows
 
 
-def test_train_over_shared_memory_is_on_policy_and_passes_the_audit(tmp_path):
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_train_over_shared_memory_is_on_policy_and_passes_the_audit(tmp_path, event_loop):
     run_dir = tmp_path / "run"
     result = subprocess.run(
         [*lockstep_cmd(), "train", "--config", "cartpole-cleanrl", "--transport", "shm",
-         "--actors", "2", "--envs-per-actor", "2",
+         "--actors", "2", "--envs-per-actor", "2", "--learner.event_loop", event_loop,
          "--steps-per-env", "32", "--total-steps", str(2 * 2 * 32 * 6), "--audit", "--run-dir", str(run_dir),
          "--no-progress"], capture_output=True, text=True, timeout=120)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log
+    assert ("event loop: uvloop.Loop" in log) == (event_loop == "uvloop"), log  # the loop that ran is the one asked
     assert log.count("connected to unix:") == 2, log  # both actors took the same-host transport
     assert "transport: shm" in (run_dir / "config.yaml").read_text()
     assert len(_assert_on_policy(run_dir)) == 6

@@ -31,7 +31,7 @@ from lockstep.common.device import prepare_device
 from lockstep.config import Config
 from lockstep.config import save as save_config
 from lockstep.envs import env_spec
-from lockstep.learner import opponents
+from lockstep.learner import event_loop, opponents
 from lockstep.learner.audit_trail import AuditWriter
 from lockstep.learner.backends import make_backend
 from lockstep.learner.checkpoint import Checkpointer
@@ -112,7 +112,7 @@ class Learner:
         save_config(self.config, self.run_dir / "config.yaml")
         self.report.open(resume_after=self.trainer.iteration if self.resumed_from else None)
         try:
-            asyncio.run(self._serve(self._trainer))
+            event_loop.runner(self.config.learner.event_loop)(self._serve(self._trainer))
         finally:
             self.phases.stop()
             if self._trainer.is_alive():

@@ -21,14 +21,14 @@ log = logging.getLogger(__name__)
 def runner(kind: str) -> Callable[[Coroutine[Any, Any, Any]], Any]:
     """What runs the learner's main coroutine to its end on the event loop ``kind`` names (asyncio.run's
     contract)."""
+    if kind == "asyncio":
+        return asyncio.run
     try:
         import uvloop
     except ImportError:
         if kind == "uvloop":  # Config.validate refuses this before it gets here
             raise
-        uvloop = None
-    if kind == "asyncio" or uvloop is None:
-        return asyncio.run
+        return asyncio.run  # auto without uvloop
     return lambda main: uvloop.run(_announced(main))
 
 

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 Transport = Literal["shm", "grpc", "inprocess"]
 Launcher = Literal["local", "ray"]
 EventLoop = Literal["auto", "asyncio", "uvloop"]
+InferenceKernel = Literal["auto", "torch"]
 ModelKind = Literal["auto", "mlp", "nature-cnn", "small-cnn"]
 Activation = Literal["tanh", "relu"]
 SyncStrategy = Literal[SYNC_NAMES]  # the registry in lockstep.sync names the strategies
@@ -171,6 +172,10 @@ class LearnerConfig:
     event_loop: EventLoop = setting("auto", "the learner's event loop: asyncio's own, or uvloop's (in C: less "
                                             "Python work per message, which shared-memory actors notice; pip "
                                             "install 'lockstep[fast]'); auto: uvloop where it is installed")
+    inference_kernel: InferenceKernel = setting(
+        "auto", "what runs the forward pass and sampling of each policy version: auto (the built-in MLP policy on "
+                "the CPU at small batches in numpy, ~3x faster than torch's per-op dispatch there, the same "
+                "numbers to float32 rounding; torch elsewhere) or torch (always)")
     deterministic: bool = setting(False, "on a GPU, the same kernels and reduction orders on every run (cuDNN's "
                                          "deterministic algorithms, cuBLAS's fixed workspace): bitwise repeats, "
                                          "at some speed; the CPU is deterministic anyway")

@@ -26,6 +26,7 @@ import torch
 from lockstep.algo import noise
 from lockstep.algo.normalize import ObsNormalizer, as_tensors, copy_moments
 from lockstep.models import Policy
+from lockstep.models.host import HostStep
 
 _TINY = float(np.finfo(np.float32).tiny)
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
@@ -113,12 +114,15 @@ class PolicySnapshot:
     """Version ``version`` of the policy, frozen."""
 
     def __init__(self, version: int, model: Policy, obs_mean: np.ndarray | dict | None,
-                 obs_var: np.ndarray | dict | None, clip_obs: float, device: torch.device) -> None:
+                 obs_var: np.ndarray | dict | None, clip_obs: float, device: torch.device,
+                 kernel: str = "auto") -> None:
         self.version = version
         self.device = device
         self.model = copy.deepcopy(model).to(device).eval().requires_grad_(False)
         self.normalize = ObsNormalizer(obs_mean, obs_var, clip_obs, device)
         self.obs_mean, self.obs_var = copy_moments(obs_mean), copy_moments(obs_var)
+        # the built-in MLP's step in numpy where it computes what torch would (``models.host``); kernel "torch": never
+        self.host = HostStep.of(self.model, self.normalize, device) if kernel == "auto" else None
 
     @property
     def state_size(self) -> int:
@@ -137,6 +141,8 @@ class PolicySnapshot:
     def step(self, obs: np.ndarray, uniform: np.ndarray, state: np.ndarray) -> Outputs:
         """obs [B, *obs], uniform [B, w], state [B, S] -> action [B, *act], log-prob [B] float32,
         value [B] float32, next state [B, S]."""
+        if self.host is not None and self.host.takes(obs):
+            return self.host.step(obs, uniform, state)
         return act(self.model, self.normalize, obs, uniform, state, self.device)
 
 

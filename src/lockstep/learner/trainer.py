@@ -162,7 +162,8 @@ class Trainer:
         """The current version, frozen for inference."""
         mean = None if self.obs_rms is None else self.obs_rms.mean
         var = None if self.obs_rms is None else self.obs_rms.var
-        return PolicySnapshot(self.version, self.model, mean, var, self.config.env.clip_obs, self.device)
+        return PolicySnapshot(self.version, self.model, mean, var, self.config.env.clip_obs, self.device,
+                              self.config.learner.inference_kernel)
 
     def normalizer(self) -> ObsNormalizer:
         mean = None if self.obs_rms is None else self.obs_rms.mean

@@ -1,16 +1,23 @@
 """``lockstep bench gpu``: what the learner does on an accelerator, in under eight minutes; on the CPU too.
 
-Five parts, written to ``OUT/gpu.json`` and ``OUT/gpu.md``:
+Seven parts, written to ``OUT/gpu.json`` and ``OUT/gpu.md``:
 
     inference  latency and rows/s of ``lockstep.learner.inference.act`` (the one sampling function)
                against batch size, for the MLP policy (CartPole and Hopper shapes) and the Nature CNN
                (Atari, 4x84x84 uint8), built by ``lockstep.models.build_policy`` from the presets' model
                sections; observations copied to the device and actions back as the learner does (one copy each way)
     training   strict Breakout (the breakout preset) and the hopper preset for a fixed number of env
-               steps, ``lockstep train --device DEVICE`` subprocesses, with summary.json's time split
-    audit      a strict CartPole run with ``run.audit`` on the device, then ``lockstep audit RUN`` with
-               no device visible (``CUDA_VISIBLE_DEVICES=``): the trail recorded on the device must
-               check out on the CPU
+               steps, ``lockstep train --device DEVICE`` subprocesses, with summary.json's time split; and
+               the hopper preset again on the CPU of the same machine (one env: which device is faster)
+    audits     strict runs with ``run.audit`` on the device, of the MLP (CartPole), the Nature CNN
+               (Breakout) and the LSTM (masked CartPole), each followed by ``lockstep audit RUN`` with no
+               device visible (``CUDA_VISIBLE_DEVICES=``): the trail recorded on the device must check out
+               on the CPU, where the audit replays every step in float32
+    eval       ``lockstep eval --device DEVICE`` of the hopper run (a checkpoint holding numpy arrays: the
+               observation and reward statistics)
+    repro      ``lockstep bench repro`` of strict Breakout on the device with ``learner.deterministic``:
+               the same run quiet and beside CPU-burning processes, compared bit for bit (the CNN's
+               backward pass included)
     syncs      host syncs per training update of small MLP, uint8 CNN and LSTM cases
                (``lockstep_bench.syncs``): counted by ``HostSyncs`` and, on CUDA, reported by
                ``torch.cuda.set_sync_debug_mode("warn")``
@@ -46,18 +53,36 @@ MODELS = {  # name -> (preset whose model section it uses, observation shape, dt
     "mlp-hopper": ("hopper", (11,), "float64", ("box", 3)),
     "nature-cnn": ("breakout", (4, 84, 84), "uint8", ("discrete", 4)),
 }
-# name -> (preset, flags, env steps in full, env steps with --quick)
+# name -> (preset, flags, env steps in full, env steps with --quick, device: None for the one checked)
 TRAINING = {
-    "breakout-strict": ("breakout", ("--sync", "strict"), 32_768, 64),
-    "hopper": ("hopper", (), 20_480, 256),
+    "breakout-strict": ("breakout", ("--sync", "strict"), 32_768, 64, None),
+    "hopper": ("hopper", (), 20_480, 256, None),
+    "hopper-on-cpu": ("hopper", (), 20_480, 256, "cpu"),
 }
-AUDIT = ("cartpole-cleanrl", 4 * 512, 2 * 512)  # preset, env steps in full, with --quick
+# strict runs recorded on the device and audited on the CPU: name -> (preset, env steps in full, with --quick)
+AUDITS = {
+    "audited-strict": ("cartpole-cleanrl", 4 * 512, 2 * 512),
+    "audited-cnn": ("breakout", 4 * 1024, 64),
+    "audited-lstm": ("cartpole-masked-lstm", 10 * 256, 2 * 256),
+}
+AUDIT = AUDITS["audited-strict"]
+EVAL_EPISODES = 3
+REPRO = ("breakout", 8, 1)  # preset, iterations in full, with --quick
+REPRO_BURNERS = 4
+_BREAKOUT_QUICK = ("actors.transport=inprocess", "actors.count=1", "actors.envs_per_actor=2",
+                   "ppo.steps_per_env=32", "ppo.minibatches=2")
+_HOPPER_QUICK = ("actors.transport=inprocess", "ppo.steps_per_env=256", "ppo.minibatches=4", "ppo.epochs=2")
+# every run's own settings: the CNN's audit in process (its trail holds every frame, written by the learner)
+SETS = {"audited-cnn": ("actors.transport=inprocess",)}
 # --quick (the suite's CPU check): one small iteration of each, actors in process (no actor process start-up)
 QUICK_SETS = {
-    "breakout-strict": ("actors.transport=inprocess", "actors.count=1", "actors.envs_per_actor=2",
-                        "ppo.steps_per_env=32", "ppo.minibatches=2"),
-    "hopper": ("actors.transport=inprocess", "ppo.steps_per_env=256", "ppo.minibatches=4", "ppo.epochs=2"),
+    "breakout-strict": _BREAKOUT_QUICK,
+    "hopper": _HOPPER_QUICK,
+    "hopper-on-cpu": _HOPPER_QUICK,
     "audited-strict": ("actors.transport=inprocess",),
+    "audited-cnn": _BREAKOUT_QUICK,
+    "audited-lstm": ("ppo.epochs=2",),
+    "repro": ("actors.envs_per_actor=2", "ppo.steps_per_env=16", "ppo.minibatches=2", "ppo.epochs=1"),
 }
 # each training subprocess: killed after this (its training capped at half of it), so that the whole command
 # stays under eight minutes on a GPU; --quick gets more, for a busy CPU
@@ -174,7 +199,8 @@ def _train(name: str, preset: str, flags: tuple[str, ...], steps: int, device: s
     log_path = runs_dir / f"{name}.log"
     memory_path = runs_dir / f"{name}.memory.json"
     memory_path.unlink(missing_ok=True)
-    extra = [item for key in (QUICK_SETS[name] if quick else ()) for item in ("--set", key)]
+    sets = (*SETS.get(name, ()), *(QUICK_SETS[name] if quick else ()))
+    extra = [item for key in sets for item in ("--set", key)]
     timeout_s = QUICK_RUN_TIMEOUT_S if quick else RUN_TIMEOUT_S
     args = ["--config", preset, "--run-dir", str(run_path), "--name", name, "--device", device,
             "--set", f"ppo.total_steps={steps}", "--set", f"run.time_limit_s={timeout_s / 2:g}", *flags, *extra]
@@ -215,8 +241,58 @@ def audit_cpu(run_dir: Path, log_path: Path) -> tuple[int | None, str]:
     return rc, lines[-1] if lines else ""
 
 
+def audited(name: str, device: str, runs_dir: Path, quick: bool) -> dict[str, Any]:
+    """Strict run ``name`` of ``AUDITS`` with ``--audit`` on ``device``, then its audit on the CPU."""
+    preset, steps, quick_steps = AUDITS[name]
+    row = _train(name, preset, ("--sync", "strict", "--audit"), quick_steps if quick else steps, device, runs_dir,
+                 quick)
+    rc, line = (None, "not run: the training run failed")
+    if row["error"] is None:
+        rc, line = audit_cpu(runs_dir / name, runs_dir / f"{name}.audit.log")
+    row.update(audit_exit_code=rc, audit_result=line, audit_passed=rc == 0)
+    return row
+
+
+def evaluate(run_dir: Path, device: str, log_path: Path) -> dict[str, Any]:
+    """``lockstep eval RUN_DIR --device DEVICE`` for ``EVAL_EPISODES`` episodes: exit code, mean return, error."""
+    out = run_dir.parent / f"{run_dir.name}.eval.json"
+    cmd = command([str(run_dir), "--device", device, "--episodes", str(EVAL_EPISODES), "--out", str(out)],
+                  subcommand="eval")[:-1]  # eval has no progress bar to turn off
+    rc, process_s = run_process(cmd, log_path, QUICK_RUN_TIMEOUT_S, cwd=run_dir.parent)
+    row: dict[str, Any] = {"run": run_dir.name, "device": device, "command": " ".join(cmd), "exit_code": rc,
+                           "process_s": round(process_s, 2), "return_mean": None, "episodes": None, "error": None}
+    if rc != 0 or not out.is_file():
+        row["error"] = f"exit code {rc}: {tail(log_path)}"
+    else:
+        result = json.loads(out.read_text())
+        row.update(return_mean=round(result["return_mean"], 2), episodes=len(result["episodes"]))
+    return row
+
+
+def reproduce(device: str, runs_dir: Path, quick: bool) -> dict[str, Any]:
+    """``bench repro`` of strict Breakout on ``device`` (deterministic kernels): identical twice, bit for bit?"""
+    from lockstep import config as config_lib
+    from lockstep_bench import repro
+
+    preset, iterations, quick_iterations = REPRO
+    config = config_lib.load(preset)
+    config.learner.device = device
+    config_lib.apply_sets(config, list(QUICK_SETS["repro"]) if quick else [])
+    path = runs_dir / f"repro-{preset}.yaml"
+    config_lib.save(config, path)
+    report = repro.run(repro.ReproOptions(config=str(path), iterations=quick_iterations if quick else iterations,
+                                          burners=1 if quick else REPRO_BURNERS, timeout_s=QUICK_RUN_TIMEOUT_S),
+                       runs_dir / "repro")
+    return {"preset": preset, "device": device, "iterations": report["iterations"], "burners": report["burners"],
+            "identical": report["identical"], "metrics_identical": report["metrics_identical"],
+            "parameters_identical": report["parameters_identical"], "rows": report["rows"],
+            "first_difference": report["first_difference"], "error": report["error"],
+            "sps": {name: r.get("sps") for name, r in report["runs"].items()}}
+
+
 def run(options: GpuOptions, out: Path) -> dict[str, Any]:
-    """All four parts; OUT/gpu.json and OUT/gpu.md; the report (``ok``: every run finished and the audit passed)."""
+    """Every part; OUT/gpu.json and OUT/gpu.md; the report (``ok``: every run finished, every audit passed,
+    the evaluation played and the repeat was identical)."""
     import torch
 
     from lockstep import config as config_lib
@@ -226,6 +302,10 @@ def run(options: GpuOptions, out: Path) -> dict[str, Any]:
         raise config_lib.ConfigError(f"--device {options.device}: torch {torch.__version__} sees no CUDA device "
                                      "here; use --device cpu (with --quick for the small check)")
     device = prepare_device(options.device)  # the numerics a learner on it computes with
+    if device.type == "cuda":
+        # start the context and the caching allocator now: before its first allocation, torch 2.11's
+        # reset_peak_memory_stats fails ("Invalid device argument")
+        torch.empty(1, device=device)
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = out / "runs"
     runs_dir.mkdir(exist_ok=True)
@@ -235,19 +315,22 @@ def run(options: GpuOptions, out: Path) -> dict[str, Any]:
     print(f"[gpu] host syncs per update on {device} ...", flush=True)
     host_syncs = syncs.per_update(device)
     training = []
-    for name, (preset, flags, steps, quick_steps) in TRAINING.items():
-        print(f"[gpu] training {name} on {device} ...", flush=True)
-        training.append(_train(name, preset, flags, quick_steps if options.quick else steps, str(device), runs_dir,
-                               options.quick))
+    for name, (preset, flags, steps, quick_steps, on) in TRAINING.items():
+        print(f"[gpu] training {name} on {on or device} ...", flush=True)
+        training.append(_train(name, preset, flags, quick_steps if options.quick else steps, on or str(device),
+                               runs_dir, options.quick))
         training[-1]["loadavg_1m"] = round(os.getloadavg()[0], 2)
-    preset, steps, quick_steps = AUDIT
-    print(f"[gpu] audited strict run on {device} ...", flush=True)
-    audited = _train("audited-strict", preset, ("--sync", "strict", "--audit"), quick_steps if options.quick else steps,
-                     str(device), runs_dir, options.quick)
-    audit_rc, audit_line = (None, "not run: the training run failed")
-    if audited["error"] is None:
-        audit_rc, audit_line = audit_cpu(runs_dir / "audited-strict", runs_dir / "audited-strict.audit.log")
-    audited.update(audit_exit_code=audit_rc, audit_result=audit_line, audit_passed=audit_rc == 0)
+    audits = []
+    for name in AUDITS:
+        print(f"[gpu] {name} on {device}, audited on the CPU ...", flush=True)
+        audits.append(audited(name, str(device), runs_dir, options.quick))
+        audits[-1]["loadavg_1m"] = round(os.getloadavg()[0], 2)
+    print(f"[gpu] lockstep eval of the hopper run on {device} ...", flush=True)
+    evaluated = (evaluate(runs_dir / "hopper", str(device), runs_dir / "hopper.eval.log")
+                 if (runs_dir / "hopper" / "summary.json").is_file() else
+                 {"run": "hopper", "device": str(device), "error": "not run: the hopper run failed"})
+    print(f"[gpu] bench repro of strict Breakout on {device} ...", flush=True)
+    repeated = reproduce(str(device), runs_dir, options.quick)
     report = {
         "command": "lockstep bench gpu " + " ".join([f"--out {out}", f"--device {options.device}"]
                                                     + (["--quick"] if options.quick else [])),
@@ -261,10 +344,13 @@ def run(options: GpuOptions, out: Path) -> dict[str, Any]:
         "inference_peak_device_mb": peaks,
         "host_syncs_per_update": host_syncs,
         "training": training,
-        "audit": audited,
+        "audits": audits,
+        "eval": evaluated,
+        "repro": repeated,
         "elapsed_s": None,
     }
-    report["ok"] = all(r["error"] is None for r in training) and audited["error"] is None and audited["audit_passed"]
+    report["ok"] = (all(r["error"] is None for r in training) and all(a["audit_passed"] for a in audits)
+                    and evaluated["error"] is None and repeated["identical"])
     report["elapsed_s"] = round(time.perf_counter() - began, 1)
     (out / "gpu.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "gpu.md").write_text(markdown(report))
@@ -276,9 +362,9 @@ def _split(split: dict[str, float] | None) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """gpu.md: the inference table, the training runs with their time split, the audit, memory."""
+    """gpu.md: the inference table, host syncs, the training runs with their time split and memory, the audits,
+    the evaluation and the bitwise repeat."""
     cuda = report["device"].startswith("cuda")
-    memory = "peak device MB" if cuda else "learner peak RSS MB"
     lines = [
         "# lockstep bench gpu\n",
         f"`{report['command']}` on {report['device_name']} ({report['device']}), torch {report['torch']}"
@@ -294,26 +380,40 @@ def markdown(report: dict[str, Any]) -> str:
     if cuda:
         lines += ["", "Peak device memory of the inference passes (MB): "
                   + ", ".join(f"{k} {cell(v)}" for k, v in report["inference_peak_device_mb"].items())]
-    lines += ["", "## Host syncs per training update (`lockstep_bench.syncs`)\n",
+    lines += ["", "## Host syncs per training update (`lockstep_bench.syncs`; CUDA's debug mode also reports "
+              "the blocking host-to-device copies)\n",
               "| case | counted | reported by CUDA's sync debug mode |", "|---|---|---|"]
     lines += [f"| {name} | {r['counted']} | {cell(r['reported'])} |"
               for name, r in report["host_syncs_per_update"].items()]
-    lines += ["", "## Training (`lockstep train --device`)\n",
-              f"| run | env steps | training s | env steps/s | time split s | {memory} | process s | load 1m |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in [*report["training"], report["audit"]]:
-        mem = r.get("peak_device_mb") if cuda else r.get("learner_peak_rss_mb")
+    lines += ["", "## Training (`lockstep train --device`; `audited-*`: strict with `--audit`)\n",
+              "| run | device | env steps | training s | env steps/s | time split s | peak MB (device on CUDA, learner "
+              "RSS on the CPU) | process s | load 1m |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in [*report["training"], *report["audits"]]:
+        on = r.get("device") or "n/a"
+        mem = r.get("peak_device_mb") if on.startswith("cuda") else r.get("learner_peak_rss_mb")
         lines.append("| " + " | ".join([
-            r["run"] + (" FAILED" if r["error"] else ""), cell(r.get("env_steps")), cell(r.get("wall_s")),
+            r["run"] + (" FAILED" if r["error"] else ""), on, cell(r.get("env_steps")), cell(r.get("wall_s")),
             cell(r.get("sps")), _split(r.get("time_split_s")), cell(mem), cell(r["process_s"]),
             cell(r.get("loadavg_1m"))]) + " |")
-    a = report["audit"]
-    lines += ["", "## Audit\n",
-              f"`lockstep audit {a['run_dir']}` with no CUDA device visible: "
-              f"{'passed' if a['audit_passed'] else 'FAILED'} (exit code {a['audit_exit_code']}): {a['audit_result']}"]
-    failed = [r for r in [*report["training"], a] if r["error"]]
+    lines += ["", "## Audits (`lockstep audit RUN` with no CUDA device visible: replayed on the CPU)\n"]
+    for a in report["audits"]:
+        lines.append(f"- `{a['run']}` ({a['preset']}): {'passed' if a['audit_passed'] else 'FAILED'} "
+                     f"(exit code {a['audit_exit_code']}): {a['audit_result']}")
+    e = report["eval"]
+    lines += ["", "## Evaluation (`lockstep eval --device`)\n",
+              f"`{e['run']}` on {e['device']}: " + (f"FAILED: {e['error']}" if e["error"] else
+                                                    f"{e['episodes']} episodes, mean return {cell(e['return_mean'])}")]
+    r = report["repro"]
+    verdict = ("identical: yes" if r["identical"] else f"identical: NO ({r['error'] or r['first_difference']})")
+    lines += ["", "## Bitwise repeat (`lockstep bench repro`, `learner.deterministic`)\n",
+              f"strict {r['preset']} on {r['device']}, {r['iterations']} iteration(s), quiet then beside "
+              f"{r['burners']} CPU burner(s): **{verdict}** (metrics.csv rows {r['rows']}, final parameters "
+              f"{'identical' if r['parameters_identical'] else 'different'}); env steps/s "
+              + ", ".join(f"{k} {cell(v)}" for k, v in r["sps"].items())]
+    failed = [x for x in [*report["training"], *report["audits"], e] if x["error"]]
     if failed:
-        lines += ["", "Failures:", ""] + [f"- {r['run']}: {r['error']}" for r in failed]
+        lines += ["", "Failures:", ""] + [f"- {x['run']}: {x['error']}" for x in failed]
     return "\n".join(lines) + "\n"
 
 

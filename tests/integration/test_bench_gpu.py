@@ -1,6 +1,7 @@
 """``lockstep bench gpu`` on the CPU at its quick sizes: every part runs for real (inference against batch size
-through ``act``, strict Breakout and Hopper with their time split, an audited strict run that ``lockstep audit``
-passes with no CUDA device visible, peak memory), and ``--device cuda`` without CUDA is a clear error."""
+through ``act``, strict Breakout and Hopper with their time split, audited strict MLP, CNN and LSTM runs that
+``lockstep audit`` passes with no CUDA device visible, ``lockstep eval`` of the Hopper run, a bitwise repeat of
+strict Breakout, peak memory), and ``--device cuda`` without CUDA is a clear error."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 
 import pytest
 import torch
+import yaml
 from conftest import lockstep_cmd
 from lockstep_bench import gpu, syncs
 
@@ -41,8 +43,8 @@ def test_inference_is_timed_for_every_model_and_batch_size(quick_report):
 def test_breakout_and_hopper_train_with_their_time_split_and_peak_memory(quick_report):
     out, report, _ = quick_report
     runs = {r["run"]: r for r in report["training"]}
-    assert set(runs) == {"breakout-strict", "hopper"}
-    for name, (preset, _, _, steps) in gpu.TRAINING.items():
+    assert set(runs) == {"breakout-strict", "hopper", "hopper-on-cpu"}
+    for name, (preset, _, _, steps, _) in gpu.TRAINING.items():
         r = runs[name]
         assert r["error"] is None and r["device"] == "cpu" and r["preset"] == preset
         assert r["env_steps"] >= steps
@@ -52,18 +54,40 @@ def test_breakout_and_hopper_train_with_their_time_split_and_peak_memory(quick_r
         assert r["peak_device_mb"] is None  # written by the wrapper at exit: no CUDA here
         assert (out / "runs" / f"{name}.memory.json").is_file()
     assert "--sync strict" in runs["breakout-strict"]["command"]
+    assert runs["hopper-on-cpu"]["command"].split("--device ")[1].startswith("cpu")
     assert (out / "runs" / "breakout-strict" / "config.yaml").read_text().count("BreakoutNoFrameskip-v4") == 1
 
 
-def test_the_audited_strict_run_passes_the_audit_on_the_cpu(quick_report):
+def test_the_audited_mlp_cnn_and_lstm_runs_pass_the_audit_on_the_cpu(quick_report):
     out, report, _ = quick_report
-    audit = report["audit"]
-    assert audit["error"] is None and audit["audit_passed"] and audit["audit_exit_code"] == 0
-    assert audit["audit_result"].startswith("PASS")
-    assert any((out / "runs" / "audited-strict" / "audit").glob("batch_*.npz"))
+    audits = {a["run"]: a for a in report["audits"]}
+    assert set(audits) == set(gpu.AUDITS)
+    for name, (preset, _, steps) in gpu.AUDITS.items():
+        audit = audits[name]
+        assert audit["error"] is None and audit["audit_passed"] and audit["audit_exit_code"] == 0, audit
+        assert audit["preset"] == preset and audit["env_steps"] >= steps
+        assert audit["audit_result"].startswith("PASS")
+        assert any((out / "runs" / name / "audit").glob("batch_*.npz"))
+    cnn = (out / "runs" / "audited-cnn" / "config.yaml").read_text()
+    lstm = (out / "runs" / "audited-lstm" / "config.yaml").read_text()
+    assert "nature-cnn" in cnn and "lstm_size: 64" in lstm
     md = (out / "gpu.md").read_text()
-    assert "## Inference" in md and "## Training" in md and "passed (exit code 0)" in md
-    assert "learner peak RSS MB" in md
+    assert "## Inference" in md and "## Training" in md and md.count("passed (exit code 0)") == len(gpu.AUDITS)
+    assert "learner RSS on the CPU" in md
+
+
+def test_the_hopper_run_is_evaluated_and_breakout_repeats_bit_for_bit(quick_report):
+    out, report, _ = quick_report
+    e = report["eval"]
+    assert e["error"] is None and e["exit_code"] == 0 and e["device"] == "cpu"
+    assert e["episodes"] == gpu.EVAL_EPISODES and e["return_mean"] > 0
+    assert (out / "runs" / "hopper.eval.json").is_file()
+    r = report["repro"]
+    assert r["error"] is None and r["identical"] and r["parameters_identical"] and r["rows"] == [1, 1]
+    assert (out / "runs" / "repro" / "repro.md").read_text().count("**identical: yes**") == 1
+    assert yaml.safe_load((out / "runs" / "repro-breakout.yaml").read_text())["learner"]["device"] == "cpu"
+    md = (out / "gpu.md").read_text()
+    assert "**identical: yes**" in md and f"{gpu.EVAL_EPISODES} episodes, mean return" in md
 
 
 def test_a_failed_audit_makes_the_report_fail(quick_report, tmp_path):
@@ -73,8 +97,8 @@ def test_a_failed_audit_makes_the_report_fail(quick_report, tmp_path):
     (next(iter(sorted((run / "audit").glob("policy_v*.pt"))))).unlink()
     rc, line = gpu.audit_cpu(run, tmp_path / "audit.log")
     assert rc == 1 and line.startswith("FAIL")
-    report = {**report, "audit": {**report["audit"], "audit_exit_code": rc, "audit_result": line,
-                                  "audit_passed": False}}
+    failed = {**report["audits"][0], "audit_exit_code": rc, "audit_result": line, "audit_passed": False}
+    report = {**report, "audits": [failed, *report["audits"][1:]]}
     assert "FAILED (exit code 1)" in gpu.markdown(report)
 
 

@@ -65,7 +65,6 @@ AUDITS = {
     "audited-cnn": ("breakout", 4 * 1024, 64),
     "audited-lstm": ("cartpole-masked-lstm", 10 * 256, 2 * 256),
 }
-AUDIT = AUDITS["audited-strict"]
 EVAL_EPISODES = 3
 REPRO = ("breakout", 8, 1)  # preset, iterations in full, with --quick
 REPRO_BURNERS = 4

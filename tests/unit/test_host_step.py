@@ -103,6 +103,27 @@ def test_a_discrete_policy_samples_the_same_actions():
         np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(5, 5), (3, 1), (2, 3, 2)])
+def test_a_normalized_box_of_several_dimensions_is_normalized_per_element(shape):
+    """The normalizer's moments have the observation's shape while the step flattens each row: a [5, 5] grid
+    must not fail to broadcast, and a [3, 1] one at a batch of 3 must not broadcast into wrong numbers."""
+    size = int(np.prod(shape))
+    box = SpaceSpec("box", shape, "float32", low=np.full(shape, -np.inf, np.float32),
+                    high=np.full(shape, np.inf, np.float32))
+    torch.manual_seed(0)
+    model = _trained_looking(ActorCritic(box, HOPPER_ACT, [64, 64]))
+    rng = np.random.default_rng(1)
+    snapshot = PolicySnapshot(2, model, rng.normal(size=shape), rng.uniform(0.2, 5.0, size=shape), 5.0, CPU, "auto")
+    rows = shape[0]  # the batch as long as the first axis: where a wrong broadcast goes unnoticed
+    obs, uniform, state = _inputs(rows, size, snapshot.noise_width)
+    obs = obs.reshape(rows, *shape)
+    assert snapshot.host is not None and snapshot.host.takes(obs)
+    got = snapshot.step(obs, uniform, state)
+    want = act(snapshot.model, snapshot.normalize, obs, uniform, state, CPU)
+    np.testing.assert_allclose(got[1], want[1], rtol=0, atol=AUDIT_TOLERANCE / 2)  # log-probs
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-5)  # values
+
+
 def test_a_repeated_step_gives_the_same_bits():
     torch.manual_seed(0)
     snapshot = _snapshot(_trained_looking(ActorCritic(HOPPER_OBS, HOPPER_ACT, [64, 64])), 11)

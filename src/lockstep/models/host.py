@@ -64,8 +64,8 @@ class HostStep:
             return None
         log_std = None if model.discrete else model.log_std.detach().numpy().astype(np.float32)
         mean = scale = None
-        if normalize.enabled:
-            mean, scale = (t.detach().cpu().numpy().copy() for t in (normalize.mean, normalize.scale))
+        if normalize.enabled:  # the observation's shape ([5, 5], say) flattened, as ``step`` flattens each row
+            mean, scale = (t.detach().cpu().numpy().reshape(-1).copy() for t in (normalize.mean, normalize.scale))
         return cls(*layers, log_std, model.discrete, tuple(model.action_shape), mean, scale, normalize.clip)
 
     def takes(self, obs: np.ndarray) -> bool:

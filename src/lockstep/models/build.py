@@ -1,7 +1,7 @@
 """Which policy a config names: ``build_policy`` for the built-in family or a user's factory.
 
 An MLP for flat observations, the Nature CNN for Atari frames, a small CNN for MinAtar, per-leaf
-encoders and the MLP for Dict and Tuple observations (``encoders``), each optionally followed by an
+encoders and the MLPs for Dict and Tuple observations (``encoders``), each optionally followed by an
 LSTM (``model.lstm_size``); or ``model.policy``'s factory (``package.module:name`` or ``file.py:name``),
 found by ``load_factory``.
 """
@@ -19,7 +19,7 @@ from torch import nn
 from lockstep.config import ModelConfig, setting_of
 from lockstep.envs import SpaceSpec
 from lockstep.models.encoders import LeafEncoders
-from lockstep.models.feedforward import ActorCritic, TorsoActorCritic
+from lockstep.models.feedforward import ActorCritic, LeafActorCritic, TorsoActorCritic
 from lockstep.models.networks import mlp_torso, nature_cnn, small_cnn
 from lockstep.models.policy import Policy
 from lockstep.models.recurrent import RecurrentPolicy
@@ -58,7 +58,9 @@ def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Pol
         if kind != "mlp":
             raise ValueError(f"model.kind {kind} takes one image; a Dict or Tuple observation gets an encoder per "
                              "leaf (a CNN for each image leaf) before the MLP: set model.kind to auto or mlp")
-        encoders = LeafEncoders(observation)
+        if model.lstm_size == 0:
+            return LeafActorCritic(observation, action, model.hidden, model.activation, model.init_log_std)
+        encoders = LeafEncoders(observation)  # one trunk under the LSTM, as for a flat observation
         trunk, width = mlp_torso(encoders.width, model.hidden, model.activation)
         torso: nn.Module = nn.Sequential(encoders, trunk)
     elif kind in ("nature-cnn", "small-cnn"):

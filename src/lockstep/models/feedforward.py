@@ -1,8 +1,9 @@
 """Feedforward policies: state size 0, so each step depends on its observation alone.
 
 ``ActorCritic`` is CleanRL's ``ppo.py`` layout (separate actor and critic MLPs on flat observations);
+``LeafActorCritic`` is the same on a Dict or Tuple observation, after the per-leaf encoders;
 ``TorsoActorCritic`` puts a linear policy head and a linear value head on a shared torso (a CNN for
-images). Both answer the API of ``policy.Policy`` through ``features``.
+images). All answer the API of ``policy.Policy`` through ``features``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from lockstep.envs import SpaceSpec
+from lockstep.models.encoders import LeafEncoders
 from lockstep.models.networks import layer, mlp
 from lockstep.models.policy import Policy
 
@@ -32,6 +34,46 @@ class ActorCritic(Policy):
 
     def value_after(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         return self.critic(obs.flatten(1)).squeeze(-1)  # the actor's half of the pass is not needed
+
+
+class LeafActorCritic(Policy):
+    """Separate actor and critic MLPs on the features of a Dict or Tuple observation's per-leaf encoders
+    (``encoders.LeafEncoders``), initialized as ``ActorCritic``'s: Stable-Baselines3's ``MultiInputPolicy``
+    layout, one features extractor under separate policy and value networks.
+
+    A tree of vectors (Box, MultiBinary, one-hot Discrete leaves) has encoders without parameters: the two
+    MLPs see the leaves' values side by side, as ``ActorCritic`` sees a flat vector, and nothing the value
+    loss trains moves the policy. An image leaf's CNN is the one part both share (CleanRL's Atari agent,
+    Stable-Baselines3's ``share_features_extractor``): docs/architecture.md#dict-and-tuple-observations
+    gives the measurement. The value loss trains that CNN too.
+
+    Its state-dict keys (``encoders.*``, ``actor.*``, ``critic.*``) are layout 2 of a tree's feedforward
+    policy; layout 1, a trunk MLP shared by a linear policy head and a linear value head (``torso.*``, its
+    heads ``actor.weight`` and ``critic.weight``), is refused by name when loaded, not mis-loaded.
+    """
+
+    def __init__(self, observation: SpaceSpec, action: SpaceSpec, hidden: list[int],
+                 activation: str = "tanh", init_log_std: float = 0.0) -> None:
+        super().__init__(action, init_log_std)
+        self.encoders = LeafEncoders(observation)
+        self.critic = mlp(self.encoders.width, hidden, 1, activation, 1.0)
+        self.actor = mlp(self.encoders.width, hidden, self.action_dim, activation, 0.01)
+
+    def features(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        encoded = self.encoders(obs)  # [B, width]
+        return self.actor(encoded), self.critic(encoded).squeeze(-1)
+
+    def value_after(self, obs: dict[str, torch.Tensor], state: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.encoders(obs)).squeeze(-1)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args) -> None:
+        if any(key.startswith(f"{prefix}torso.") for key in state_dict):
+            raise RuntimeError(
+                "these parameters are layout 1 of a Dict or Tuple observation's MLP policy (a trunk shared by the "
+                "policy and value heads: torso.*, actor.weight), saved before lockstep gave structured observations "
+                "separate actor and critic networks (layout 2: encoders.*, actor.N.*, critic.N.*); they cannot be "
+                "loaded into this network: train the run again (a checkpoint of layout 1 does not resume either)")
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
 
 class TorsoActorCritic(Policy):

@@ -1,12 +1,13 @@
 """``lockstep bench learn --suite NAME``: the final return of presets at their budgets, against CleanRL's figures.
 
-A *suite* is a list of presets (``SUITES``); ``--suite`` also takes a comma-separated list of
-preset names and YAML paths (a custom suite). For each entry and each seed, one real
-``lockstep train`` process (progress off) trains the preset's whole budget, ``ppo.total_steps``
-times ``--budget-scale``; ``run.stop_at_return`` is cleared so that every run ends at its budget
-(or at ``--time-limit-s``, when given). Afterwards:
+A *suite* is a list of presets (``SUITES``), or of presets with settings changed (``VARIANTS``);
+``--suite`` also takes a comma-separated list of preset names and YAML paths (a custom suite). For
+each entry and each seed, one real ``lockstep train`` process (progress off) trains the preset's
+whole budget, ``ppo.total_steps`` times ``--budget-scale``; ``run.stop_at_return`` is cleared so
+that every run ends at its budget (or at ``--time-limit-s``, when given). Afterwards:
 
-    DIR/results.json   every run, and per entry the mean ± std over seeds of the final return,
+    DIR/results.json   every run (with the env steps at which it first reached each of the config's
+                       return thresholds), and per entry the mean ± std over seeds of the final return,
                        env steps, training seconds, env steps/s, the load average as its first run
                        started and its last ended, and CleanRL's published figure where there is one
     DIR/results.md     the same as a table, with the definitions and the sources
@@ -51,6 +52,12 @@ SUITES: dict[str, tuple[str, ...]] = {
     "selfplay": ("connect-four",),
     "mujoco": ("halfcheetah", "hopper", "walker2d", "ant"),
     "atari": ("pong", "breakout"),
+    # a structured observation's policy against the flat one: CartPole-v1 and the same vector as a Dict
+    "dict-split": ("cartpole-fast", "cartpole-fast-dict"),
+}
+# a suite member that is a preset with some settings changed: name -> (preset, KEY=VALUE settings)
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "cartpole-fast-dict": ("cartpole-fast", ("env.id=lockstep.envs.tasks:SplitCartPole",)),
 }
 DEFAULT_SEEDS = 3  # as CleanRL's published tables
 
@@ -139,8 +146,8 @@ BOUNDS: dict[str, Bounds] = {
         "figure for this game and opponent)"),
 }
 
-RUN_KEYS = ["seed", "run_dir", "final_return", "win_rate_random", "episodes", "env_steps", "wall_s", "sps",
-            "process_s", "loadavg_start", "loadavg_end", "command", "error"]
+RUN_KEYS = ["seed", "run_dir", "final_return", "win_rate_random", "first_reached", "episodes", "env_steps", "wall_s",
+            "sps", "process_s", "loadavg_start", "loadavg_end", "command", "error"]
 
 
 @dataclass
@@ -157,12 +164,13 @@ class SuiteOptions:
 
 @dataclass
 class Entry:
-    """One member of a suite: its name (a preset's, or a YAML file's stem), where its config comes from, and
-    why it cannot run (None when it can)."""
+    """One member of a suite: its name (a preset's, a variant's, or a YAML file's stem), where its config comes
+    from, the settings a variant changes, and why it cannot run (None when it can)."""
 
     name: str
     source: str
     error: str | None = None
+    settings: tuple[str, ...] = ()
 
 
 def entries(suite: str) -> list[Entry]:
@@ -181,6 +189,9 @@ def entries(suite: str) -> list[Entry]:
     for name in names:
         if Path(name).is_file():
             out.append(Entry(Path(name).stem, name))
+        elif name in VARIANTS:
+            preset, settings = VARIANTS[name]
+            out.append(Entry(name, preset, settings=settings))
         elif name in presets:
             out.append(Entry(name, name))
         else:
@@ -190,10 +201,10 @@ def entries(suite: str) -> list[Entry]:
 
 
 def build_config(entry: Entry, options: SuiteOptions) -> config_lib.Config:
-    """The config every seed of ``entry`` trains with (seed aside): its budget scaled (at least one batch),
-    no early stop, the overrides applied, progress off."""
+    """The config every seed of ``entry`` trains with (seed aside): a variant's settings and the overrides
+    applied, its budget scaled (at least one batch), no early stop, progress off."""
     config = config_lib.load(entry.source)
-    config_lib.apply_sets(config, options.overrides)
+    config_lib.apply_sets(config, [*entry.settings, *options.overrides])
     if options.transport is not None:
         config_lib.set_value(config, "actors.transport", options.transport)
     if options.budget_scale <= 0:
@@ -235,7 +246,8 @@ def _train(config_path: Path, seed: int, run_path: Path, timeout_s: float | None
         return row
     if summary.get("error") and not row["error"]:
         row["error"] = f"learner error: {summary['error']}"
-    row.update(final_return=summary.get("episode_return_mean"), episodes=summary.get("episodes"),
+    row.update(final_return=summary.get("episode_return_mean"), first_reached=summary.get("first_reached"),
+               episodes=summary.get("episodes"),
                env_steps=summary.get("env_steps"), wall_s=summary.get("wall_s"), sps=summary.get("sps"))
     if selfplay.is_game(config_lib.load(config_path).env.id) and not row["error"]:
         row["win_rate_random"] = _win_rate_against_random(run_path)
@@ -343,8 +355,9 @@ def run(options: SuiteOptions, out: Path, command: str) -> dict[str, Any]:
         timeout_s = None if limit is None else 3 * limit + 120  # start-up, the last iteration past the cap, shutdown
         published = published_for(entry, config)
         bounds = BOUNDS.get(entry.name)
-        record.update(env=config.env.id, total_steps=config.ppo.total_steps, batch_size=config.batch_size,
-                      published=published, bounds=None if bounds is None else asdict(bounds))
+        record.update(env=config.env.id, settings=list(entry.settings), total_steps=config.ppo.total_steps,
+                      batch_size=config.batch_size, thresholds=config.return_thresholds(), published=published,
+                      bounds=None if bounds is None else asdict(bounds))
         rows = []
         for seed in options.seeds:
             print(f"[suite] {entry.name} seed {seed}: {config.env.id}, {config.ppo.total_steps:,} env steps ...",
@@ -378,6 +391,19 @@ def _published_cell(p: dict[str, Any] | None) -> str:
     return text if p["same_budget"] else f"{text}, at {p['env_steps']:,} steps, not this budget"
 
 
+def _reached_cell(entry: dict[str, Any]) -> str:
+    """``THRESHOLD: steps, steps, ...``: where each seed's running mean return first reached the entry's highest
+    threshold ("not reached", "failed"); "-" for an entry without a threshold."""
+    if not entry.get("thresholds"):
+        return "-"
+    key = f"{max(entry['thresholds']):g}"
+    steps = []
+    for row in entry["runs"]:
+        first = (row.get("first_reached") or {}).get(key)
+        steps.append("failed" if row["error"] else "not reached" if first is None else cell(first["env_steps"]))
+    return f"{key}: {', '.join(steps)}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     """results.md: one row per entry, then the definitions, the sources and the failures."""
     seeds = report["seeds"]
@@ -387,13 +413,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['cpu_count']} CPU cores, torch {report['torch']}; load average (1, 5, 15 min) "
         f"{', '.join(map(str, report['loadavg_at_start']))} at start, "
         f"{', '.join(map(str, report['loadavg_at_end']))} at end; {report['elapsed_s']:g} s in all.\n",
-        "| env (preset) | seeds ok | final return, mean ± std | win rate vs random | env steps | training s | "
-        "env steps/s | load 1m start → end | CleanRL | curves |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| env (preset) | seeds ok | final return, mean ± std | env steps to threshold, per seed | "
+        "win rate vs random | env steps | training s | env steps/s | load 1m start → end | CleanRL | curves |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in report["entries"]:
         if e["error"]:
-            lines.append(f"| {e['name']} | not run | | | | | | | | |")
+            lines.append(f"| {e['name']} | not run | | | | | | | | | |")
             continue
         final = "n/a" if e["final_return_mean"] is None else \
             f"{cell(e['final_return_mean'])} ± {cell(e['final_return_std'])}"
@@ -402,14 +428,18 @@ def markdown(report: dict[str, Any]) -> str:
         win = "-" if e.get("win_rate_random_mean") is None else \
             f"{cell(e['win_rate_random_mean'])} ± {cell(e['win_rate_random_std'])} ({per_seed})"
         lines.append("| " + " | ".join([
-            f"{e['env']} ({e['name']})", f"{e['seeds_ok']}/{len(e['runs'])}", final, win, cell(e["env_steps"]),
+            f"{e['env']} ({e['name']})", f"{e['seeds_ok']}/{len(e['runs'])}", final, _reached_cell(e), win,
+            cell(e["env_steps"]),
             cell(e["seconds"]), cell(e["sps"]), f"{cell(e['loadavg_start'])} → {cell(e['loadavg_end'])}",
             _published_cell(e["published"]), curves]) + " |")
     lines += [
         "",
         f"*Final return*: {report['final_return']}; ± is the {report['spread']}. *Win rate vs random* (a "
         f"self-play game): the share of {GAMES} games won against uniformly random legal moves after training, "
-        "the policy's mode playing, the seat alternating (per seed in brackets). *env steps*, *training s* "
+        "the policy's mode playing, the seat alternating (per seed in brackets). *Env steps to threshold*: "
+        "per seed, the env steps at which the mean return of the last 20 episodes first reached the config's "
+        "highest return threshold (run.thresholds, else the env's reward_threshold; each run trains on to its "
+        "budget). *env steps*, *training s* "
         "(from the learner's first phase to the end of training; process start-up excluded) and *env steps/s* "
         "are means over the seeds that finished. *load 1m*: the 1-minute load average as the entry's first run "
         "started and as its last ended; above the core count, other work competed for the CPUs. "

@@ -146,6 +146,21 @@ def test_a_suite_run_trains_the_scaled_budget_to_its_end():
     assert tiny.ppo.total_steps == tiny.batch_size == 2048  # at least one batch
 
 
+def test_a_variant_is_its_preset_with_settings_changed_and_the_table_gives_each_seeds_steps_to_threshold():
+    flat, split = suites.entries("dict-split")
+    assert (flat.name, flat.settings) == ("cartpole-fast", ())
+    assert (split.name, split.source) == ("cartpole-fast-dict", "cartpole-fast") and split.error is None
+    options = suites.SuiteOptions(suite="dict-split")
+    config = suites.build_config(split, options)
+    assert config.env.id == "lockstep.envs.tasks:SplitCartPole"
+    assert config.ppo.lr == suites.build_config(flat, options).ppo.lr and config.return_thresholds() == [195, 475]
+    runs = [{"error": None, "first_reached": {"195": {"env_steps": 9_000}, "475": {"env_steps": 51_520}}},
+            {"error": None, "first_reached": {"195": {"env_steps": 9_000}, "475": None}},
+            {"error": "exit code 1", "first_reached": None}]
+    assert suites._reached_cell({"thresholds": [195, 475], "runs": runs}) == "475: 51,520, not reached, failed"
+    assert suites._reached_cell({"thresholds": [], "runs": runs}) == "-"
+
+
 def test_the_published_figure_counts_as_the_same_budget_within_one_batch():
     entry = suites.Entry("halfcheetah", "halfcheetah")
     full = suites.published_for(entry, suites.build_config(entry, suites.SuiteOptions(suite="mujoco")))

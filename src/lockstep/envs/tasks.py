@@ -2,7 +2,9 @@
 
 ``Recall`` needs memory: an MLP policy cannot do better than chance, a recurrent one can
 solve it. It is the suite's quick check that recurrent state reaches the right slot at the
-right step, and a diagnostic for users wiring their own recurrent policy.
+right step, and a diagnostic for users wiring their own recurrent policy. ``SplitCartPole`` is
+CartPole-v1 with its vector declared as a Dict: what a structured observation's policy learns against
+the same vector flat.
 """
 
 from __future__ import annotations
@@ -46,6 +48,26 @@ class Recall(gym.Env):
             self._t += 1
             return self._obs(), 0.0, False, False, {}
         return self._obs(), 1.0 if int(action) == self._cue else -1.0, True, False, {}
+
+
+class SplitCartPole(gym.ObservationWrapper):
+    """CartPole-v1 whose observation is a Dict of two Box leaves holding the same four numbers.
+
+    Observation Dict(cart: Box((2,)) [position, velocity], pole: Box((2,)) [angle, angular velocity]),
+    the bounds CartPole's; dynamics, rewards and the 500-step limit are CartPole-v1's.
+    The leaves in path order (cart, pole) are the flat vector in its order: a policy for structured
+    observations that learns worse here than on ``CartPole-v1`` with the same settings loses what the flat
+    one has (``lockstep bench learn --suite dict-split``).
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(gym.make("CartPole-v1", **kwargs))
+        low, high = self.env.observation_space.low, self.env.observation_space.high
+        self.observation_space = gym.spaces.Dict({"cart": gym.spaces.Box(low[:2], high[:2], dtype=np.float32),
+                                                  "pole": gym.spaces.Box(low[2:], high[2:], dtype=np.float32)})
+
+    def observation(self, observation: np.ndarray) -> dict:
+        return {"cart": observation[:2], "pole": observation[2:]}
 
 
 class Glimpse(gym.Env):

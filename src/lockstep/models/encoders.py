@@ -12,8 +12,9 @@ MultiDiscrete(nvec)         one-hot per entry, side by side                     
 Box, MultiBinary            the values, flattened, as float32                           prod(shape)
 ==========================  ==========================================================  ===================
 
-The features of every leaf, in the spec's leaf order, are concatenated and go through the trunk (the
-MLP of ``model.hidden``); the heads, or an LSTM and then the heads, sit on top (``build.build_policy``).
+The features of every leaf, in the spec's leaf order, are concatenated: a feedforward policy feeds them to
+separate actor and critic MLPs (``feedforward.LeafActorCritic``, an image leaf's CNN shared by both), a
+recurrent one to the MLP of ``model.hidden``, an LSTM and the heads (``build.build_policy``).
 """
 
 from __future__ import annotations

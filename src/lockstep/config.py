@@ -69,7 +69,8 @@ class EnvConfig:
                                     "the observation), so that the policy the agents share can tell them apart",
                              flag="--agent-id")
     obs_keys: list[str] = setting([], "a Dict observation: the keys to keep (e.g. [image, direction]; a Text or "
-                                      "other leaf lockstep cannot encode must be left out); empty: every key")
+                                      "other leaf lockstep cannot encode must be left out); empty: every key. A "
+                                      "PettingZoo slot's agent_active and agent_id are kept whether named or not")
     action_mask_key: str = setting("action_mask", "a Dict observation's leaf that masks the Discrete and "
                                    "MultiDiscrete actions (one number per choice, 0: not allowed), if it has one; "
                                    "empty: no mask")
@@ -80,11 +81,15 @@ class EnvConfig:
     clip_reward: float = setting(10.0, "clip rewards to this magnitude after scaling")
 
     def vector_kwargs(self) -> dict[str, Any]:
-        """What an actor's vector env is built with: ``kwargs``, and ``agent_id`` under a key of lockstep's own,
+        """What an actor's vector env is built with: ``kwargs``, and for a PettingZoo parallel env ``agent_id`` and
+        ``action_mask_key`` (which its slots of departed agents fill with ones) under keys of lockstep's own,
         which ``envs.make_vector_env`` takes out before the env's constructor sees the rest."""
-        from lockstep.envs.pettingzoo import AGENT_ID_KWARG
+        from lockstep.envs.pettingzoo import AGENT_ID_KWARG, DEFAULT_MASK_KEY, MASK_KEY_KWARG
 
-        return {**self.kwargs, **({AGENT_ID_KWARG: True} if self.agent_id else {})}
+        own = {AGENT_ID_KWARG: True} if self.agent_id else {}
+        if self.action_mask_key != DEFAULT_MASK_KEY and _parallel_multiagent(self.id):
+            own[MASK_KEY_KWARG] = self.action_mask_key
+        return {**self.kwargs, **own}
 
 
 @dataclass

@@ -74,3 +74,22 @@ def test_env_kwargs_build_every_actor_env(tmp_path, transport):
     with np.load(run_dir / "audit" / "batch_000001.npz") as batch:
         assert batch["obs/observation"].shape[:2] == (16, 8)
     assert audit.check(run_dir).exit_code == 0
+
+
+@pytest.mark.parametrize("transport", ["shm", "inprocess"])
+def test_a_mask_of_another_key_nested_observations_and_obs_keys_train_with_departures(tmp_path, transport):
+    """Where the slots meet the other features: an action mask under ``legal`` (departed agents' slots must still
+    allow an action, and the env raises for an illegal one), a Tuple observation holding a Dict, and
+    ``env.obs_keys`` that does not name ``agent_active`` (which must stay, or departed steps would be trained on)."""
+    run_dir = tmp_path / "run"
+    summary = train(_config(transport, **{"env.kwargs": {"mask_key": "legal", "nested": True},
+                                          "env.action_mask_key": "legal", "env.obs_keys": ["cue", "legal"],
+                                          "ppo.total_steps": 2 * 2 * 2 * 3 * T, "run.audit": True}), run_dir)
+    assert summary["env_steps"] == 2 * 2 * 2 * 3 * T
+    report = audit.check(run_dir)
+    assert report.exit_code == 0 and report.differing == 0
+    assert report.inactive == 2 * 2 * 2 * 2 * (7 + 4)  # iterations x actors x envs x episodes x departed steps
+    with np.load(run_dir / "audit" / "batch_000001.npz") as batch:
+        assert batch["obs/cue[0]"].shape == (T, 12, 3) and batch["obs/cue[1].bit"].shape == (T, 12)
+        legal, active = batch["obs/legal"], batch[f"obs/{ACTIVE_LEAF}"][..., 0]
+        assert (legal[active == 0] == 1).all() and (legal.sum(-1) >= 1).all()

@@ -105,3 +105,56 @@ def test_env_agent_id_adds_each_agents_one_hot_also_while_it_is_inactive():
         config.validate()
     with pytest.raises(ValueError, match="CartPole-v1 is none"):
         envs.make_vector_env("CartPole-v1", 1, {pettingzoo.AGENT_ID_KWARG: True})
+
+
+def _masked_slots(mask_key: str, nested: bool = False, obs_keys: tuple[str, ...] = ()):
+    """The departures env with an action mask under ``mask_key`` as a config of that key builds it: every actor's
+    vector env, and the spaces the learner expects."""
+    from lockstep.config import Config, set_value
+
+    config = Config()
+    set_value(config, "env.id", DEPARTURES)
+    set_value(config, "env.kwargs", {"mask_key": mask_key, "nested": nested})
+    set_value(config, "env.action_mask_key", mask_key)
+    kwargs = config.env.vector_kwargs()
+    return envs.make_vector_env(DEPARTURES, 2, kwargs), envs.env_spec(DEPARTURES, obs_keys, mask_key, kwargs)
+
+
+def _legal_actions(mask: np.ndarray) -> np.ndarray:
+    return mask.argmax(-1).astype(np.int64)  # the env raises for an illegal action of an agent still there
+
+
+@pytest.mark.parametrize("mask_key", ["action_mask", "legal"])
+def test_a_departed_agents_slot_allows_every_action_under_any_mask_key(mask_key):
+    from lockstep.envs.spaces import allowed_nothing
+
+    vec, spec = _masked_slots(mask_key)
+    assert spec.observation.mask == mask_key
+    obs, _ = vec.reset(seed=0)
+    for _ in range(8):  # a0 leaves at 3, a1 at 6: their slots are placeholders for several steps
+        obs, *_ = vec.step(_legal_actions(obs[mask_key]))
+        assert allowed_nothing(obs[mask_key], spec.observation.mask_groups) is None
+        inactive = obs[ACTIVE_LEAF][:, 0] == 0
+        assert (obs[mask_key][inactive] == 1).all()
+    assert inactive.sum() == 4  # a0 and a1 of both envs
+
+
+def test_env_obs_keys_keeps_the_active_leaf_and_the_agent_index():
+    vec, spec = _masked_slots("legal", obs_keys=("cue", "legal"))
+    assert set(spec.observation.paths()) == {"cue", "legal", ACTIVE_LEAF}
+    assert set(envs.env_spec(DEPARTURES, ["observation"], kwargs={pettingzoo.AGENT_ID_KWARG: True})
+               .observation.paths()) == {"observation", ACTIVE_LEAF, pettingzoo.AGENT_ID_LEAF}
+    with pytest.raises(ValueError, match=r"env.obs_keys names \['image'\]"):
+        envs.env_spec(DEPARTURES, ["image"])
+
+
+def test_agents_with_a_tuple_observation_holding_a_dict_leave_with_a_placeholder_of_every_leaf():
+    vec, spec = _masked_slots("legal", nested=True)
+    assert set(spec.observation.paths()) == {"cue[0]", "cue[1].bit", "legal", ACTIVE_LEAF}
+    obs, _ = vec.reset(seed=0)
+    for _ in range(8):
+        obs, *_ = vec.step(_legal_actions(obs["legal"]))
+    cue, bit = obs["cue"]
+    inactive = obs[ACTIVE_LEAF][:, 0] == 0
+    assert inactive.sum() == 4 and not cue[inactive].any() and not bit["bit"][inactive].any()
+    assert cue.shape == (6, 3) and bit["bit"].shape == (6,)

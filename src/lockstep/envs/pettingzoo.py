@@ -13,7 +13,8 @@ policy the agents share can act differently for each (SuperSuit's ``agent_indica
 Agents that leave early. PettingZoo drops an agent from ``env.agents`` when it terminates or truncates
 before the others. Its slot's step at leaving carries its flag, its last reward and, if it was truncated,
 its last observation; from then until its env's episode ends, the slot is inactive: ``agent_active`` 0, a
-placeholder observation (zeros; an action mask allowing every action), reward 0, its action ignored, and
+placeholder observation (zeros in every leaf, however nested; ones in the action mask, the leaf
+``env.action_mask_key`` names, so that the slot still allows an action), reward 0, its action ignored, and
 each of its steps flagged terminated, so that no return, advantage trace or recurrent state runs through
 them. The learner never trains on a step whose ``agent_active`` is 0 (``learner.rollout.Batch.valid``). When
 every agent has left, the env resets in the same step and every slot acts again.
@@ -30,11 +31,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from lockstep.envs.spaces import ACTIVE_LEAF
+from lockstep.envs.spaces import ACTIVE_LEAF, AGENT_ID_LEAF
 
 OBSERVATION_LEAF = "observation"  # where an agent's observation goes when it is not a Dict itself
-AGENT_ID_LEAF = "agent_id"  # env.agent_id: the agent's one-hot index
 AGENT_ID_KWARG = "_lockstep_agent_id"  # env.agent_id among the vector env's kwargs (``config.EnvConfig.vector_kwargs``)
+MASK_KEY_KWARG = "_lockstep_action_mask_key"  # env.action_mask_key, likewise
+DEFAULT_MASK_KEY = "action_mask"
 
 
 def parallel_factory(module_name: str, kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
@@ -72,7 +74,8 @@ class ParallelSlots(gym.vector.VectorEnv):
     agent episode in ``infos["episode"]`` / ``infos["_episode"]``.
     """
 
-    def __init__(self, make: Callable[[], Any], num_envs: int, agent_id: bool = False) -> None:
+    def __init__(self, make: Callable[[], Any], num_envs: int, agent_id: bool = False,
+                 mask_key: str = DEFAULT_MASK_KEY) -> None:
         self.envs = [make() for _ in range(num_envs)]
         first = self.envs[0]
         self.agents = list(first.possible_agents)
@@ -93,16 +96,10 @@ class ParallelSlots(gym.vector.VectorEnv):
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-        self._placeholder = self._inactive_obs(self.single_observation_space)
+        self._placeholder = _inactive_obs(self.single_observation_space, mask_key)
         self._obs: list[dict] = [{} for _ in range(self.num_envs)]  # each slot's observation, as one agent's dict
         self._return = np.zeros(self.num_envs, np.float64)
         self._length = np.zeros(self.num_envs, np.int64)
-
-    @staticmethod
-    def _inactive_obs(space: gym.spaces.Dict) -> dict:
-        """Zeros for every leaf; ones for an action mask, so that a slot with no agent still allows an action."""
-        return {key: (np.ones if key == "action_mask" else np.zeros)(leaf.shape, leaf.dtype)
-                for key, leaf in space.spaces.items()}
 
     def _slot_obs(self, agent_obs: Any, agent: int) -> dict:
         leaves = dict(agent_obs) if self._dict_obs else {OBSERVATION_LEAF: agent_obs}
@@ -117,8 +114,10 @@ class ParallelSlots(gym.vector.VectorEnv):
             return self._placeholder
         return self._placeholder | {AGENT_ID_LEAF: self._one_hot[agent]}
 
-    def _batch(self) -> dict[str, np.ndarray]:
-        return {key: np.stack([o[key] for o in self._obs]) for key in self.single_observation_space.spaces}
+    def _batch(self) -> dict[str, Any]:
+        """Every slot's observation stacked leaf by leaf, at any depth: [k, *leaf] arrays in the slots' tree."""
+        space = self.single_observation_space
+        return gym.vector.utils.concatenate(space, self._obs, gym.vector.utils.create_empty_array(space, self.num_envs))
 
     def _reset_env(self, e: int, seed: int | None) -> None:
         observations, _ = self.envs[e].reset(seed=seed)
@@ -184,7 +183,19 @@ def make_vector(module_name: str, num_envs: int, kwargs: dict[str, Any] | None =
     with ``kwargs`` (``env.kwargs``; ``AGENT_ID_KWARG`` among them is ``env.agent_id``, for lockstep)."""
     kwargs = dict(kwargs or {})
     agent_id = bool(kwargs.pop(AGENT_ID_KWARG, False))
-    return ParallelSlots(parallel_factory(module_name, kwargs), num_envs, agent_id)
+    mask_key = str(kwargs.pop(MASK_KEY_KWARG, DEFAULT_MASK_KEY))
+    return ParallelSlots(parallel_factory(module_name, kwargs), num_envs, agent_id, mask_key)
+
+
+def _inactive_obs(space: gym.Space, mask_key: str, path: str = "") -> Any:
+    """A value of ``space`` for a slot with no agent: zeros in every leaf of a Dict or Tuple at any depth (paths
+    as ``envs.spaces`` writes them), ones in the leaf at ``mask_key``, so that the slot still allows an action."""
+    if isinstance(space, gym.spaces.Dict):
+        return {key: _inactive_obs(sub, mask_key, f"{path}.{key}" if path else str(key))
+                for key, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(_inactive_obs(sub, mask_key, f"{path}[{i}]") for i, sub in enumerate(space.spaces))
+    return (np.ones if path == mask_key else np.zeros)(space.shape, space.dtype)
 
 
 class _AgentView:

@@ -32,6 +32,7 @@ LEAF_SPACES = "Box, Discrete, MultiDiscrete and MultiBinary"
 # multi-agent env's agent has left its episode early (``envs.pettingzoo``). The learner trains on no step
 # whose flag is 0 (``learner.rollout.Batch.valid``).
 ACTIVE_LEAF = "agent_active"
+AGENT_ID_LEAF = "agent_id"  # env.agent_id: the one-hot index of a multi-agent slot's agent (``envs.pettingzoo``)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,9 @@ class SpaceSpec:
 
     @classmethod
     def from_space(cls, space: gym.Space, keys: tuple[str, ...] | list[str] = ()) -> SpaceSpec:
-        """The spec of ``space``; ``keys`` (``env.obs_keys``) keeps only those keys of a Dict space.
+        """The spec of ``space``; ``keys`` (``env.obs_keys``) keeps only those keys of a Dict space, and the leaves
+        lockstep adds to a multi-agent slot's observation (``agent_active``, without which the steps of agents
+        that left would be trained on, and ``agent_id``) whether or not they are named.
 
         Raises ``ValueError`` naming the leaf for a space lockstep cannot carry (a ``Text`` leaf, a Discrete
         that does not start at 0), and naming the keys for one of ``keys`` the space does not have."""
@@ -68,7 +71,8 @@ class SpaceSpec:
             if missing:
                 raise ValueError(f"env.obs_keys names {missing}, which the observation space does not have; "
                                  f"its keys are {list(space.spaces)}")
-            space = gym.spaces.Dict({k: space.spaces[k] for k in keys})
+            own = [k for k in (ACTIVE_LEAF, AGENT_ID_LEAF) if k in space.spaces and k not in keys]
+            space = gym.spaces.Dict({k: space.spaces[k] for k in [*keys, *own]})
         if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
             leaves = tuple(_leaves(space, "", ()))
             if not leaves:

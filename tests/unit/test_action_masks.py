@@ -72,6 +72,22 @@ def test_a_multidiscrete_action_is_masked_per_dimension():
     assert np.isfinite(logprobs).all()
 
 
+def test_the_entropy_of_each_part_is_of_the_masked_distribution():
+    """``entropy/PART`` in the metrics: a part whose mask leaves one choice has entropy 0, one that leaves two
+    at most log 2, whatever the network's logits for the choices the mask forbids."""
+    observation = SpaceSpec.from_space(gym.spaces.Dict({"action_mask": gym.spaces.MultiBinary(5),
+                                                        "clock": gym.spaces.Box(0.0, 1.0, (1,), np.float32)}))
+    action = action_spec(gym.spaces.MultiDiscrete([3, 2]))
+    observation = with_action_mask(observation, action, "action_mask")
+    policy = build_policy(observation, action, ModelConfig(hidden=[8]))
+    obs = as_tensors(_records(observation, [0, 1, 0, 1, 1], 6), CPU)  # part [0]: choice 1 only; part [1]: both
+    obs = {path: x[None] for path, x in obs.items()}  # [T=1, N=6, *leaf]
+    entropies = policy.entropy_by_entry(obs, torch.zeros(1, 6, dtype=torch.bool), torch.zeros(6, 0),
+                                        torch.ones(1, 6, dtype=torch.bool))
+    assert entropies["[0]"] == pytest.approx(0.0, abs=1e-6)
+    assert 0.0 < entropies["[1]"] <= np.log(2) + 1e-6
+
+
 def test_a_mask_that_cannot_mask_the_action_is_refused_at_start_by_name():
     observation = SpaceSpec.from_space(gym.spaces.Dict({"action_mask": gym.spaces.MultiBinary(4),
                                                         "clock": gym.spaces.Box(0.0, 1.0, (1,), np.float32)}))

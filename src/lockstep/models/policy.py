@@ -150,6 +150,7 @@ class Policy(nn.Module):
         if self.heads is None:
             return {}
         head, _ = self.sequence_features(obs, starts, state)  # rows in (t, n) order
+        head = self.masked(head, obs)  # the distribution acted from: a part forced to one choice has entropy 0
         means = self.heads.entropies(head[valid.reshape(-1)], getattr(self, "log_std", None)).mean(0)
         return dict(zip(self.heads.labels, means.tolist()))
 

@@ -16,6 +16,7 @@ from lockstep import config as config_lib
 from lockstep.algo.normalize import as_tensors
 from lockstep.config import ModelConfig
 from lockstep.envs import env_spec, make_env, stack_records
+from lockstep.learner.trainer import Trainer
 from lockstep.models import ActorCritic, LeafActorCritic, TorsoActorCritic, build_policy
 from lockstep.models.encoders import LeafEncoders
 from lockstep.models.networks import mlp_torso
@@ -88,7 +89,9 @@ def test_a_checkpoint_of_the_shared_trunk_layout_is_refused_naming_its_layout():
     with pytest.raises(PolicyMismatch, match="older.pt does not hold .* these parameters are layout 1 of a Dict or "
                                              "Tuple observation's MLP policy"):
         load_policy(config, SPLIT.observation, SPLIT.action, older, None, None, torch.device("cpu"), "older.pt")
-    policy = build_policy(SPLIT.observation, SPLIT.action, config.model)
-    with pytest.raises(RuntimeError, match="layout 2: encoders"):  # a resume loads through the same check
-        policy.load_state_dict(older)
-    policy.load_state_dict(policy.state_dict())
+    trainer = Trainer(config, SPLIT, torch.device("cpu"))  # a resume: refused before anything starts
+    state = trainer.state_dict()
+    trainer.load_state_dict(state)
+    with pytest.raises(config_lib.ConfigError, match="--resume: the checkpoint's parameters do not fit .* layout 1 .* "
+                                                     r"\(layout 2: encoders"):
+        trainer.load_state_dict({**state, "model": older})

@@ -22,7 +22,7 @@ from lockstep.algo.normalize import (
     as_tensors,
     observation_statistics,
 )
-from lockstep.config import Config
+from lockstep.config import Config, ConfigError
 from lockstep.envs import EnvSpec
 from lockstep.learner.distributed import Ranks
 from lockstep.learner.inference import PolicySnapshot
@@ -323,7 +323,11 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as err:  # an older layout of the network (``LeafActorCritic``), or another network
+            raise ConfigError(f"--resume: the checkpoint's parameters do not fit the network the run's config "
+                              f"(model:) describes: {str(err).splitlines()[0]}") from err
         self.optimizer.load_state_dict(state["optimizer"])
         if self.obs_rms is not None and state["obs_rms"] is not None:
             self.obs_rms.load_state_dict(state["obs_rms"])

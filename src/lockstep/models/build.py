@@ -20,7 +20,7 @@ from lockstep.config import ModelConfig, setting_of
 from lockstep.envs import SpaceSpec
 from lockstep.models.encoders import LeafEncoders
 from lockstep.models.feedforward import ActorCritic, LeafActorCritic, TorsoActorCritic
-from lockstep.models.networks import mlp_torso, nature_cnn, small_cnn
+from lockstep.models.networks import mlp_torso, nature_cnn, pixel_scale, small_cnn
 from lockstep.models.policy import Policy
 from lockstep.models.recurrent import RecurrentPolicy
 
@@ -67,7 +67,7 @@ def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Pol
         if len(observation.shape) != 3:
             raise ValueError(f"model.kind {kind} needs image observations [C, H, W], got shape {observation.shape}")
         make = nature_cnn if kind == "nature-cnn" else small_cnn
-        torso, width = make(observation.shape[0], tuple(observation.shape[1:]))
+        torso, width = make(observation.shape[0], tuple(observation.shape[1:]), pixel_scale(observation))
     elif kind == "mlp":
         if model.lstm_size == 0:
             return ActorCritic(observation, action, model.hidden, model.activation, model.init_log_std)

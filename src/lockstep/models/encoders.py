@@ -5,8 +5,9 @@ Each leaf of the observation (``envs.spaces``) has its own encoder, chosen by it
 ==========================  ==========================================================  ===================
 leaf                        encoder                                                     features
 ==========================  ==========================================================  ===================
-uint8 Box [C, H, W]         the CNN family, pixels scaled by 1/255 (the Nature CNN      512 or 128
-                            from 36 pixels up, the small MinAtar CNN below)
+uint8 Box [C, H, W]         the CNN family, pixels scaled into [0, 1] by the space's    512 or 128
+                            bound (1/255; MinAtar's 0/1 channels by 1), the Nature CNN
+                            from 36 pixels up, the small MinAtar CNN below
 Discrete(n)                 one-hot                                                     n
 MultiDiscrete(nvec)         one-hot per entry, side by side                             sum(nvec)
 Box, MultiBinary            the values, flattened, as float32                           prod(shape)
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from lockstep.envs import SpaceSpec
-from lockstep.models.networks import nature_cnn, small_cnn
+from lockstep.models.networks import nature_cnn, pixel_scale, small_cnn
 
 
 class OneHot(nn.Module):
@@ -53,7 +54,7 @@ def leaf_encoder(leaf: SpaceSpec) -> tuple[nn.Module, int]:
     """The encoder of one leaf and its feature width (module docstring)."""
     if leaf.image:
         make = nature_cnn if min(leaf.shape[1:]) >= 36 else small_cnn
-        return make(leaf.shape[0], tuple(leaf.shape[1:]))
+        return make(leaf.shape[0], tuple(leaf.shape[1:]), pixel_scale(leaf))
     if leaf.kind == "discrete":
         return OneHot((leaf.n,)), leaf.n
     if leaf.kind == "multi_discrete":

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from lockstep.envs import SpaceSpec
 
 
 def layer(inp: int, out: int, gain: float) -> nn.Linear:
@@ -55,10 +58,17 @@ def mlp(inp: int, hidden: list[int], out: int, activation: str, out_gain: float)
     return Chain(*layers)
 
 
-def nature_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int]:
+def pixel_scale(image: SpaceSpec) -> float:
+    """The factor that brings an image leaf's pixels into [0, 1]: 1 / its space's largest bound (255 for RGB or
+    grey frames, 1 for MinAtar's object channels), applied inside the network, on the learner."""
+    top = float(np.max(image.high)) if image.high is not None and np.size(image.high) else 255.0
+    return 1.0 / top if top > 0 else 1.0
+
+
+def nature_cnn(channels: int, size: tuple[int, int], scale: float = 1 / 255) -> tuple[nn.Sequential, int]:
     """Mnih et al. (2015)'s torso for 84x84 frames, CleanRL's ``ppo_atari.py`` init: 512 features.
 
-    [B, C, H, W] uint8 or float in [0, 255] -> [B, 512]; the pixels are scaled here, on the learner.
+    [B, C, H, W] uint8 or float in [0, 1 / scale] -> [B, 512]; the pixels are scaled here, on the learner.
     """
     convs = nn.Sequential(
         conv(channels, 32, 8, 4), nn.ReLU(),
@@ -68,18 +78,18 @@ def nature_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int
     )
     with torch.no_grad():
         flat = convs(torch.zeros(1, channels, *size)).shape[1]
-    return nn.Sequential(Scale(1 / 255), *convs, layer(flat, 512, math.sqrt(2)), nn.ReLU()), 512
+    return nn.Sequential(Scale(scale), *convs, layer(flat, 512, math.sqrt(2)), nn.ReLU()), 512
 
 
-def small_cnn(channels: int, size: tuple[int, int]) -> tuple[nn.Sequential, int]:
+def small_cnn(channels: int, size: tuple[int, int], scale: float = 1.0) -> tuple[nn.Sequential, int]:
     """Young and Tian (2019)'s MinAtar torso: one 3x3 convolution with 16 filters, then 128 units.
 
-    [B, C, 10, 10] in {0, 1} -> [B, 128].
+    [B, C, H, W] in [0, 1 / scale] ({0, 1} for MinAtar's [C, 10, 10]) -> [B, 128].
     """
     convs = nn.Sequential(conv(channels, 16, 3, 1), nn.ReLU(), nn.Flatten())
     with torch.no_grad():
         flat = convs(torch.zeros(1, channels, *size)).shape[1]
-    return nn.Sequential(Scale(1.0), *convs, layer(flat, 128, math.sqrt(2)), nn.ReLU()), 128
+    return nn.Sequential(Scale(scale), *convs, layer(flat, 128, math.sqrt(2)), nn.ReLU()), 128
 
 
 def mlp_torso(inp: int, hidden: list[int], activation: str) -> tuple[Chain, int]:

@@ -233,10 +233,19 @@ class SyncConfig:
     max_lag: int = setting(1, "pipelined: the most versions a sample may lag the version that trains on it "
                               "(0 is sync.strategy strict)", flag="--max-lag", ge=1)
     stall_s: float = setting(10.0, "a phase collecting longer than this counts as a stall (and is logged)")
-    step_deadline_s: float = setting(300.0, "an actor the oldest open phase waits for that sends no step for "
-                                            "this many seconds after its last action is evicted, as if it had "
-                                            "disconnected (its unfinished unroll dropped); longer than any env "
-                                            "step", gt=0)
+    step_deadline_s: float = setting(300.0, "the step deadline's ceiling: an actor the oldest open phase waits "
+                                            "for that sends no step for this long after the learner's last answer "
+                                            "is evicted, as if it had disconnected (its unfinished unroll "
+                                            "dropped), however slow its own and the other actors' steps have been "
+                                            "(docs/reliability.md)", gt=0)
+    first_step_deadline_s: float = setting(20.0, "the step deadline of an actor that has sent no step since its "
+                                                 "hello (its envs' first reset comes before it), unless the other "
+                                                 "actors' pace gives longer; longer than any honest reset", gt=0)
+    step_deadline_min_s: float = setting(60.0, "the step deadline's floor once an actor has stepped: longer than "
+                                               "any honest env step", gt=0)
+    step_deadline_factor: float = setting(10.0, "the step deadline follows the actors' pace: this many times the "
+                                                "longer of the actor's slowest recent step and the other actors' "
+                                                "typical one, between the floor and the ceiling", ge=1)
     phase_cutoff: float | None = setting(None, "DD-PPO straggler cut-off: close a phase once this fraction of env "
                                                "slots is full (none: wait for all)", flag="--phase-cutoff", gt=0,
                                          le=1)

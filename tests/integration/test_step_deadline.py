@@ -1,15 +1,16 @@
 """The step deadline and replies that never wait on a peer, against a real learner and real sockets.
 
-A learner runs in a thread; the good actor is a ``lockstep actor`` process on the same-host socket; the
-members that stall are real clients that stop part-way: a gRPC stream that says hello and nothing else,
-one that steps twice and then hangs (as an actor whose env hangs), and a raw unix-socket client that
-sends steps but never reads its replies.
+A learner runs in a thread; the good actor is a ``lockstep actor`` process on the same-host socket, and so
+is a slow one whose env's every step takes 2 s; the members that stall are real clients that stop
+part-way: a gRPC stream that says hello and nothing else, one that steps twice and then hangs (as an actor
+whose env hangs), and a raw unix-socket client that sends steps but never reads its replies.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 from conftest import lockstep_cmd
 from protocol import empty_step, hello
+from slow_env import SLOW_ENV_PATH
 
 from lockstep import config as config_lib
 from lockstep.learner.wiring import Learner
@@ -32,10 +34,10 @@ DEADLINE_S = 2.0
 class RunningLearner:
     """A CartPole learner in a thread; ``summary`` is what ``serve`` returned once it is closed."""
 
-    def __init__(self, tmp_path, **sync_fields) -> None:
+    def __init__(self, tmp_path, steps_per_env: int = T, **sync_fields) -> None:
         config = config_lib.Config()
         config.run.progress = False
-        config.ppo.total_steps, config.ppo.steps_per_env = 10**9, T
+        config.ppo.total_steps, config.ppo.steps_per_env = 10**9, steps_per_env
         config.actors.count, config.learner.min_actors = 1, 1
         for key, value in sync_fields.items():
             setattr(config.sync, key, value)
@@ -65,6 +67,13 @@ class RunningLearner:
 def _good_actor(address: str) -> subprocess.Popen:
     return subprocess.Popen([*lockstep_cmd(), "actor", "--learner", address, "--num-envs", "2", "--actor-id", "0"],
                             stderr=subprocess.PIPE, text=True)
+
+
+def _slow_actor(address: str, actor_id: int) -> subprocess.Popen:
+    """An actor of one env whose every step takes 2 s (tests/slow_env.py)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SLOW_ENV_PATH, os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen([*lockstep_cmd(), "actor", "--learner", address, "--num-envs", "1", "--actor-id",
+                             str(actor_id), "--env", "slow_env:make"], stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _obs(k: int) -> np.ndarray:
@@ -110,6 +119,51 @@ def test_a_silent_member_and_a_hung_one_are_evicted_after_the_step_deadline_and_
     header = rows[0].split(",")
     column = header.index("evicted_actors")
     assert sum(int(row.split(",")[column]) for row in rows[1:]) == 2
+
+
+def test_with_the_default_deadlines_a_silent_member_stalls_training_for_seconds_and_a_2_s_step_is_never_cut(
+        tmp_path, caplog):
+    """No deadline is configured: the silent member is evicted by the first-step deadline, and training goes on
+    within 30 s of its hello, while the actor whose env takes 2 s a step stays across all of its steps."""
+    caplog.set_level(logging.WARNING, logger="lockstep")
+    running = RunningLearner(tmp_path, steps_per_env=2)  # a phase is two of the slow env's steps: ~4 s
+    fast, slow = _good_actor(running.address), _slow_actor(running.address, actor_id=1)
+    sessions = running.learner.sessions
+    silent = None
+    try:
+        deadline = time.monotonic() + 60
+        while sessions.slot_counters.get(1, 0) < 3 and time.monotonic() < deadline:  # the slow env has a pace
+            time.sleep(0.1)
+        assert sessions.slot_counters.get(1, 0) >= 3, "the slow actor did not step"
+        silent = Connection.open(running.grpc_address, hello(actor_id=7, num_envs=1), token=running.learner.token)
+        hello_at, joined, slow_steps = time.monotonic(), running.learner.trainer.iteration, sessions.slot_counters[1]
+
+        # the phase after the one under way at the hello waits for the silent member: +2 closes it
+        after = running.wait_iterations(joined + 2, timeout=30 - (time.monotonic() - hello_at))
+        assert after >= joined + 2, "training stalled behind a member that said hello and sent nothing"
+        assert 7 not in sessions.actor_ids
+        evictions = [r.getMessage() for r in caplog.records if "unroll dropped" in r.getMessage()]
+        assert len(evictions) == 1 and "actor 7: evicted" in evictions[0], evictions
+        assert "no step since its hello, sync.first_step_deadline_s" in evictions[0], evictions
+        # the others' typical gap is the median of the fast actor's and the slow one's (at least its 2 s sleep)
+        typical = re.search(r"the other actors' typical step gap ([0-9.e+-]+) s", evictions[0])
+        assert typical and float(typical.group(1)) >= 1.0, evictions
+
+        while sessions.slot_counters[1] < slow_steps + 6 and time.monotonic() < hello_at + 40:
+            time.sleep(0.1)
+        assert sessions.slot_counters[1] >= slow_steps + 6, "the slow actor stopped stepping"
+        assert 1 in sessions.actor_ids and running.learner.report.counters.evicted_actors == 1
+    finally:
+        if silent is not None:
+            silent.close()
+        running.close()
+        for actor in (fast, slow):
+            actor.wait(timeout=30)
+    for actor in (fast, slow):
+        err = actor.stderr.read()
+        assert actor.returncode == 0, err
+        assert "reconnecting" not in err, err  # the slow actor kept its one connection: it was never evicted
+    assert running.summary["evicted_actors"] == 1
 
 
 def _step_data(hung: bool):

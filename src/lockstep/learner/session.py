@@ -13,18 +13,41 @@ is refused on its next step with a message that says so. A run id whose connecti
 ended can never come back, so a replayed hello is refused.
 
 Step deadline: an actor that the oldest open phase waits for and that owes the learner its next step
-(``owed_since``, stamped by the connection loop when the learner's answer went out) for longer than
-``sync.step_deadline_s`` is *evicted* by the watchdog exactly as if it had disconnected: it leaves the
-gate, its unfinished unroll is dropped and counted, and its connection is ended with DEADLINE_EXCEEDED
-(the actor may reconnect with a new run id). A silent member, a hung env or a peer that never reads its
-replies can therefore hold a phase for at most the deadline.
+(``owed_since``, stamped by the connection loop when the learner's answer went out) for longer than its
+deadline is *evicted* by the watchdog exactly as if it had disconnected: it leaves the gate, its unfinished
+unroll is dropped and counted, and its connection is ended with DEADLINE_EXCEEDED (the actor may reconnect
+with a new run id). The deadline follows the pace the learner has seen (``StepDeadline``)::
+
+    deadline = min(ceiling, max(floor, factor x max(own, others)))
+
+``own`` is the actor's slowest recent step gap (seconds from the learner's answer to its next step: each
+step's gap or the slowest before it decayed by ``GAP_DECAY``, whichever is longer), ``others`` the median
+of the other connected actors' ``own``; ``floor`` is ``sync.first_step_deadline_s`` until the actor's first
+step since its hello and ``sync.step_deadline_min_s`` after, ``ceiling`` is ``sync.step_deadline_s`` and
+``factor`` ``sync.step_deadline_factor``. Invariants:
+
+1. No actor is evicted sooner than min(ceiling, floor) after the learner's last answer: a step or a first
+   reset shorter than its floor is never cut, however fast the other actors are.
+2. No actor holds a phase longer than the ceiling (and the watchdog's tick, at most 1 s).
+3. A held request never counts: ``owed_since`` is None while the learner owes the answer, and a gap is
+   measured from the answer, so a gap is the actor's own time (its envs and the wire).
+4. An actor's deadline grows with its own pace and the others': an env that is slow throughout is
+   given ``factor`` times its own step, and one that joins a slow run ``factor`` times the others'.
+5. The per-step cost is two clock reads, a multiplication and a comparison; the rule is evaluated by the
+   watchdog only, and only for actors already owing a step for longer than the least deadline possible.
+
+A silent member, a hung env or a peer that never reads its replies therefore holds a phase for its
+deadline: ``sync.first_step_deadline_s`` (20 s) for one that never stepped, ``sync.step_deadline_min_s``
+(60 s) for a hung one of an ordinary env.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,6 +77,59 @@ if TYPE_CHECKING:
     from lockstep.learner.opponents import OpponentPool
 
 log = logging.getLogger("lockstep.learner.wiring")
+
+GAP_DECAY = 0.99  # per step: a slow step's weight in an actor's "slowest recent gap" halves in ~70 steps
+
+
+@dataclass(frozen=True)
+class StepDeadline:
+    """The step deadline rule (the module's docstring): how long the oldest open phase waits for an actor's
+    next step, from its own pace and the other actors'."""
+
+    ceiling_s: float  # sync.step_deadline_s
+    first_step_s: float  # sync.first_step_deadline_s: the floor until the actor's first step since its hello
+    floor_s: float  # sync.step_deadline_min_s: the floor after
+    factor: float  # sync.step_deadline_factor
+
+    @classmethod
+    def of(cls, config: SyncConfig) -> StepDeadline:
+        return cls(config.step_deadline_s, config.first_step_deadline_s, config.step_deadline_min_s,
+                   config.step_deadline_factor)
+
+    @property
+    def least_s(self) -> float:
+        """No deadline is shorter: an actor owing a step for less is not looked at further."""
+        return min(self.ceiling_s, self.first_step_s, self.floor_s)
+
+    def seconds(self, own: float | None, others: float | None) -> tuple[float, str]:
+        """The deadline of an actor whose slowest recent step gap is ``own`` (None: no step since its hello)
+        beside the other actors' typical ``others`` (None: none has stepped), and the rule that set it:
+        "first step", "floor", "pace" or "ceiling"."""
+        pace = self.factor * max(own or 0.0, others or 0.0)
+        floor, rule = (self.first_step_s, "first step") if own is None else (self.floor_s, "floor")
+        deadline, rule = (pace, "pace") if pace > floor else (floor, rule)
+        return (self.ceiling_s, "ceiling") if deadline > self.ceiling_s else (deadline, rule)
+
+    def explain(self, own: float | None, others: float | None) -> str:
+        """What ``seconds`` gave and why, with its numbers: the eviction's log line and refusal."""
+        deadline, rule = self.seconds(own, others)
+        return f"deadline {deadline:.3g} s: {self._rule(rule, own, others)}"
+
+    def _rule(self, rule: str, own: float | None, others: float | None) -> str:
+        if rule == "ceiling":
+            uncapped = StepDeadline(float("inf"), self.first_step_s, self.floor_s, self.factor)
+            return f"the ceiling sync.step_deadline_s = {self.ceiling_s:g}, below {uncapped.explain(own, others)}"
+        mine = own is not None and (others is None or own >= others)
+        basis = (f"its slowest recent step gap {own:.3g} s" if mine
+                 else None if others is None else f"the other actors' typical step gap {others:.3g} s")
+        pace = None if basis is None else f"sync.step_deadline_factor {self.factor:g} x {basis}"
+        if rule == "pace":
+            return f"its pace, {pace}"
+        less = ("no step gap seen yet" if pace is None
+                else f"its pace gives less: {pace} = {self.factor * max(own or 0.0, others or 0.0):.3g} s")
+        if rule == "first step":
+            return f"no step since its hello, sync.first_step_deadline_s = {self.first_step_s:g}; {less}"
+        return f"the floor sync.step_deadline_min_s = {self.floor_s:g}; {less}"
 
 
 class Sessions:
@@ -149,28 +225,35 @@ class Sessions:
 
     async def watchdog(self, config: SyncConfig) -> None:
         """Log, once per phase, which actors a phase waits for when it collects for longer than
-        ``config.stall_s``; evict those that owe their next step for longer than ``config.step_deadline_s``."""
-        stall_s, deadline_s = config.stall_s, config.step_deadline_s
+        ``config.stall_s``; evict those that owe their next step for longer than their step deadline."""
+        stall_s, rule = config.stall_s, StepDeadline.of(config)
         warned_phase = -1
         while True:
-            await asyncio.sleep(min(1.0, stall_s / 2, deadline_s / 4))
-            self.evict_late(deadline_s)
+            await asyncio.sleep(min(1.0, stall_s / 2, rule.least_s / 4))
+            self.evict_late(rule)
             phase = self.gate.oldest_open
             if self.clock.started and self.phases.collecting_s() > stall_s and warned_phase != phase:
                 warned_phase = phase
                 log.warning("phase %d has collected for more than %.0f s; waiting for %s",
                             phase, stall_s, self.describe(self.gate.waiting_for()) or "actors to connect")
 
-    def evict_late(self, deadline_s: float) -> None:
-        """Evict every actor the oldest open phase waits for whose next step is more than ``deadline_s`` late."""
+    def evict_late(self, rule: StepDeadline) -> None:
+        """Evict every actor the oldest open phase waits for whose next step is later than ``rule`` allows it."""
         now, phase = time.perf_counter(), self.gate.oldest_open
-        for member in self.gate.waiting_for():
-            session = self._live.get(member)
-            if session is None or session.owed_since is None or now - session.owed_since <= deadline_s:
+        late = [session for member in self.gate.waiting_for() if (session := self._live.get(member)) is not None
+                and session.owed_since is not None and now - session.owed_since > rule.least_s]
+        if not late:
+            return
+        gaps = {m: s.slowest_gap for m, s in self._live.items() if s.slowest_gap is not None}
+        for session in late:
+            member, owed = session.member, now - session.owed_since
+            others = [gap for m, gap in gaps.items() if m != member]
+            own, typical = session.slowest_gap, statistics.median(others) if others else None
+            if owed <= rule.seconds(own, typical)[0]:
                 continue
-            session.evicted = (f"actor {member}: evicted, no step for {now - session.owed_since:.0f} s after the "
-                               f"learner's last answer while phase {phase} waits for it (sync.step_deadline_s = "
-                               f"{deadline_s:g}); a restarted actor says hello with a new run id")
+            session.evicted = (f"actor {member}: evicted, no step for {owed:.0f} s after the learner's last "
+                               f"answer while phase {phase} waits for it; {rule.explain(own, typical)}; "
+                               "a restarted actor says hello with a new run id")
             self.counters.evicted_actors += 1
             dropped = self.disconnect(session)
             log.warning("%s; %d transition(s) of its unfinished unroll dropped", session.evicted, dropped)
@@ -230,11 +313,19 @@ class Session:
         self._closed = False
         # since when (time.perf_counter) the learner waits for this actor's next step; None while it serves one
         self.owed_since: float | None = None
+        # The step gaps, seconds from the learner's answer (the welcome first) to this actor's next step, that
+        # the step deadline follows: the slowest recent one (each gap, or the one before decayed by GAP_DECAY,
+        # whichever is longer); None until its first step.
+        self.slowest_gap: float | None = None
+        self._answered = time.perf_counter()
         self.evicted: str | None = None  # why the step deadline ended this session
         self._connection = asyncio.current_task()  # the task serving its connection: eviction ends it
 
     async def step(self, data: StepData) -> Reply | None:
         sessions = self.sessions
+        gap = time.perf_counter() - self._answered  # this actor's own time: from the learner's answer to now
+        slowest = GAP_DECAY * (self.slowest_gap or 0.0)
+        self.slowest_gap = gap if gap > slowest else slowest
         self._check_replaced()
         if sessions.finished:
             return None
@@ -255,6 +346,7 @@ class Session:
         out = await sessions.backend.infer(self.member, data.obs, self.keys, counters, state_in)
         self._check_replaced()
         if out is None:  # an in-place strategy answered "no action": the actor sends this step again
+            self._answered = time.perf_counter()
             return Reply(None, admission.version)
         self.pending = None
         self.state = out.state
@@ -264,6 +356,7 @@ class Session:
         self.unroll.record_action(admission.step, data.obs, out.actions, out.logprobs, out.values, out.version)
         sessions.counters.transitions_collected += self.num_envs
         self.last_step = admission.step
+        self._answered = time.perf_counter()
         return Reply(out.actions, out.version)
 
     def _check_replaced(self) -> None:

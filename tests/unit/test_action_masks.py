@@ -40,7 +40,7 @@ def test_a_masked_action_is_never_sampled_in_10000_draws():
     assert spec.observation.mask == "action_mask" and spec.observation.mask_groups == (5,)
     policy = build_policy(spec.observation, spec.action, ModelConfig(hidden=[8]))
     with torch.no_grad():  # the network wants action 0, which the mask forbids, above everything else
-        policy.actor.bias[:] = torch.tensor([50.0, 0.0, 0.0, 1.0, 0.0])
+        policy.actor[-1].bias[:] = torch.tensor([50.0, 0.0, 0.0, 1.0, 0.0])  # the actor MLP's output layer
     records = _records(spec.observation, [0, 1, 0, 1, 0], DRAWS)
     actions, logprobs = _draw(policy, records)
     assert set(np.unique(actions).tolist()) == {1, 3}  # both allowed ones drawn, nothing else

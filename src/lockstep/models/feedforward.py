@@ -64,9 +64,10 @@ class LeafActorCritic(Policy):
         return self.actor(encoded), self.critic(encoded).squeeze(-1)
 
     def value_after(self, obs: dict[str, torch.Tensor], state: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.encoders(obs)).squeeze(-1)
+        return self.critic(self.encoders(obs)).squeeze(-1)  # the actor's half of the pass is not needed
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args) -> None:
+        # torch calls this hook wherever the policy sits, so every load (a resume, eval, audit) passes here
         if any(key.startswith(f"{prefix}torso.") for key in state_dict):
             raise RuntimeError(
                 "these parameters are layout 1 of a Dict or Tuple observation's MLP policy (a trunk shared by the "

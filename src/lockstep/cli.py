@@ -239,6 +239,34 @@ def cmd_eval(args: argparse.Namespace) -> int:
                            args.checkpoint, args.video, args.out, args.opponent)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``lockstep sweep``: Optuna is an extra, imported only here."""
+    from lockstep.sweep import spec as spec_lib
+
+    try:
+        spec = spec_lib.load(args.spec)
+    except spec_lib.SpecError as err:
+        raise UsageError(f"{args.spec}: {err}") from None
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise UsageError("lockstep sweep runs on Optuna, which is not installed: pip install -e '.[sweep]'") from None
+    from lockstep.sweep import report
+    from lockstep.sweep.runner import Sweep
+
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    out = Path(args.out)
+    sweep = Sweep(spec, out, jobs=args.jobs, storage=args.storage, study_name=args.study or Path(args.spec).stem)
+    study = sweep.run()
+    for name, path in report.write(study, spec, out).items():
+        print(f"wrote {path}" if name != "best.yaml" else f"wrote {path}: lockstep train --config {path}")
+    if sweep.signum is not None:
+        print("lockstep: interrupted; run the same command again to resume", file=sys.stderr)
+        return 128 + sweep.signum
+    return 0
+
+
 # command -> (its line in `lockstep --help`, what it does, examples) for `lockstep COMMAND --help`
 HELP = {
     "train": ("train on this machine: a learner and its actors",
@@ -275,6 +303,14 @@ HELP = {
              "Reads each RUN_DIR's metrics.csv, groups the runs whose config.yaml differs only in its run\n"
              "section, and draws each group against env steps and/or wall time (pip install -e '.[plot]').",
              "lockstep plot runs/CartPole-v1-s* --out cartpole.png"),
+    "sweep": ("search hyperparameters with Optuna: trials are ordinary training runs",
+              "Reads SPEC.yaml (a base config, the search space over config keys, the objective, the budget of each\n"
+              "run; docs/sweeps.md), runs its trials as `lockstep train` processes under OUT/trials/, stops\n"
+              "hopeless ones early, and writes OUT/trials.csv, OUT/best.yaml and plots (pip install -e '.[sweep]').\n"
+              "Stopped, it resumes when run again; several processes given one --storage share the study.",
+              "lockstep sweep cartpole.yaml --out sweeps/cartpole --jobs 2\n"
+              "lockstep train --config sweeps/cartpole/best.yaml\n"
+              "lockstep sweep cartpole.yaml --out sweeps/a --storage postgresql://host/db   # on several machines"),
 }
 
 
@@ -357,6 +393,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "episodes)")
     p.add_argument("--title", help="figure title (default: the environments and the number of runs)")
     p.set_defaults(func=cmd_plot)
+
+    p = _command(sub, "sweep")
+    p.add_argument("spec", metavar="SPEC.yaml", help="the sweep's spec (docs/sweeps.md)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the sweep directory: trials/, the tables, best.yaml, "
+                                                                 "plots, and the study (study.db) by default")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="trials at once on this machine, each a process (default 1); runs step their envs in the "
+                        "learner process where N runs' actor processes would not fit the cores")
+    p.add_argument("--storage", metavar="URL",
+                   help="an Optuna storage URL (e.g. postgresql://user:pass@host/db, sqlite:///path.db) that several "
+                        "sweep processes share; default: sqlite in DIR")
+    p.add_argument("--study", metavar="NAME", help="the study's name in the storage (default: SPEC's file name)")
+    p.set_defaults(func=cmd_sweep)
     _add_bench(sub)
     return parser
 

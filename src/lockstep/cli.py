@@ -363,7 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "audit")
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory of a `lockstep train --audit` run")
-    p.add_argument("--tolerance", type=float, default=1e-5, help="largest |recomputed - stored| log-prob accepted")
+    p.add_argument("--tolerance", type=float, default=1e-5,
+                   help="largest |recomputed - stored| log-prob accepted beyond float32's rounding of the log-prob's "
+                        "terms (docs/reliability.md)")
     p.set_defaults(func=cmd_audit)
 
     p = _command(sub, "eval")

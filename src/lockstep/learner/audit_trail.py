@@ -26,6 +26,9 @@ batch_NNNNNN.npz    iteration N's training batch: obs [T, N, *obs], actions [T, 
                     its first step), starts [T, N] (steps whose state was reset: an episode began);
                     a Dict or Tuple observation: obs/PATH [T, N, *leaf] for each leaf instead of obs
 config.yaml         the run's configuration (environment, model, synchronization)
+
+A sample recomputes when |recomputed - stored| <= tolerance (--tolerance, 1e-5) + 2^-18 x M, M the magnitude
+of its log-prob's terms: float32 rounds the two computations differently (docs/reliability.md).
 """
 
 UNBOUNDED = -1  # max_lag in a batch file of a strategy that does not bound the lag

@@ -9,9 +9,9 @@ A one-env preset (Hopper, HalfCheetah) pays that pass at every env step.
 (Gumbel-max for a Discrete action, Box-Muller for a Box) and ``policy._gaussian``, in the same order and in
 float32. Its outputs equal torch's up to float32 rounding (the matrix products and the transcendental
 functions round differently in numpy's BLAS and libm than in torch's): the log-prob of each stored action
-is still recomputed by torch in training and in the audit, whose tolerance (1e-5) covers the difference,
-as it covers the difference between torch's own batch-1 and batch-64 products. A run stays bitwise
-repeatable: the same shapes give the same bits on every run.
+is still recomputed by torch in training and in the audit, whose tolerance (float32's rounding of the
+log-prob's terms, ``tools.audit``) covers the difference, as it covers torch's own batch-1 and batch-64
+products. A run stays bitwise repeatable: the same shapes give the same bits on every run.
 
 It takes only what it computes exactly as ``Policy.step`` does: an ``ActorCritic`` itself (a subclass may
 change its forward pass), one Discrete or Box action without an action mask, flat observations, and batches

@@ -5,7 +5,8 @@ empty [N, 0] tensor that goes in and comes out unchanged, so no caller asks whic
 
     step(obs [N], noise [N, w], state [N, S])           -> action [N, *act], log-prob, value [N], next state [N, S]
     evaluate(obs [T, N], actions, starts, state [N, S]) -> log-prob, entropy, value [T, N]
-    evaluate_step(obs [N], actions [N], state [N, S])   -> log-prob [N], next state   (the audit's replay)
+    evaluate_step(obs [N], actions [N], state [N, S])   -> log-prob [N], next state   (one step replayed)
+    audit_step(obs [N], actions [N], state [N, S])      -> log-prob, its terms' magnitude [N], next state   (the audit)
     mode(obs [N], state [N, S])                         -> the most likely action [N, *act], next state
     states(obs [T, N], starts, state [N, S], cuts)      -> states after the steps [T, N, S]   (bootstrap)
     value_after(obs [M], state [M, S])                  -> V [M]   (bootstrap)
@@ -129,9 +130,24 @@ class Policy(nn.Module):
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of given actions, as ``step`` computed it: obs [N, *obs], actions [N, *act], state [N, S]
         -> log-prob [N], next state [N, S]."""
+        logprob, _, after = self.audit_step(obs, actions, state)
+        return logprob, after
+
+    def audit_step(self, obs: torch.Tensor, actions: torch.Tensor, state: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``evaluate_step`` and the magnitude of each log-prob's terms: obs [N, *obs], actions [N, *act], state
+        [N, S] -> log-prob [N], magnitude [N] (``logprob_magnitude``), next state [N, S]."""
         head, _, after = self.step_features(obs, state)
         head = self.masked(head, obs)
-        return self.evaluate_head(head, actions)[0], after
+        logprob = self.evaluate_head(head, actions)[0]
+        flat = actions.reshape(actions.shape[0], -1)
+        if self.heads is not None:
+            magnitude = self.heads.magnitude(head, flat, getattr(self, "log_std", None))
+        elif self.discrete:
+            magnitude = _categorical_magnitude(head)
+        else:
+            magnitude = _gaussian_magnitude(head, flat, self.log_std)
+        return logprob, magnitude, after
 
     def mode(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The most likely action (argmax for Discrete, the Gaussian's mean for Box) [N, *act], next state."""
@@ -284,6 +300,15 @@ class Heads:
             columns += list((0.5 + 0.5 * LOG_2PI + log_std)[:, None].expand(self.gaussian, out.shape[0]))
         return torch.stack(columns, -1)
 
+    def magnitude(self, out: torch.Tensor, action: torch.Tensor, log_std: torch.Tensor | None) -> torch.Tensor:
+        """Head output [B, width], actions [B, D] -> [B] the magnitude of the log-prob's terms, summed over the
+        entries (``logprob_magnitude``)."""
+        total = sum((_categorical_magnitude(out[:, a:z]) for a, z in zip(self._cuts[:-1], self._cuts[1:])),
+                    torch.zeros(out.shape[0], device=out.device))
+        if self.gaussian:
+            total = total + _gaussian_magnitude(out[:, self.logits:], action[:, self.gaussian_at].float(), log_std)
+        return total
+
     def mode(self, out: torch.Tensor) -> torch.Tensor:
         """The most likely action [B, D]: each Categorical's argmax, the Gaussian's mean."""
         action = torch.zeros((out.shape[0], self.size), dtype=self.dtype, device=out.device)
@@ -301,3 +326,29 @@ def _gaussian(mean: torch.Tensor, action: torch.Tensor, log_std: torch.Tensor) -
     so that on the same rows they are bit-identical.
     """
     return (-0.5 * ((action - mean) / log_std.exp()).pow(2) - log_std - 0.5 * LOG_2PI).sum(-1)
+
+
+# -- how large a log-prob's float32 rounding can be ----------------------------------------------------------
+#
+# Two float32 computations of one log-prob (inference at one batch size, in torch or numpy; the audit at
+# another) round differently: a matrix product's sums are ordered by its kernel, so each head output carries
+# an error of a few units of float32's epsilon relative to its size. ``logprob_magnitude`` is the size of the
+# terms that error enters, so that the audit's tolerance can be relative to it:
+# - a Categorical's log-softmax, logit_a - logsumexp(logits): twice its largest unmasked |logit|;
+# - a Gaussian dimension's -(a - mu)^2 / (2 sigma^2) - log sigma - log(2 pi) / 2: an error in mu (or in a, of
+#   the same size as mu's) moves it by |u| / sigma times that error, u = (a - mu) / sigma, so
+#   (|a| + |mu|) |u| / sigma, plus u^2 / 2, |log sigma| and 1 for the terms themselves.
+# With a small sigma and large means (a Gaussian policy late in training) this is in the thousands, and the
+# same log-prob computed at batch 1 and at batch 4,096 differs by up to ~6 epsilons of it.
+
+
+def _categorical_magnitude(logits: torch.Tensor) -> torch.Tensor:
+    """Logits [B, n] (masked ones at ``MASKED``) -> [B] twice the largest |logit| an action mask allows."""
+    return 2 * logits.masked_fill(logits <= MASKED, 0.0).abs().amax(-1)
+
+
+def _gaussian_magnitude(mean: torch.Tensor, action: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """Means [B, d], actions [B, d], log-std [d] -> [B] the magnitude of ``_gaussian``'s terms (above)."""
+    std = log_std.exp()
+    u = (action - mean) / std
+    return ((action.abs() + mean.abs()) * u.abs() / std + 0.5 * u * u + log_std.abs() + 1).sum(-1)

@@ -1,5 +1,14 @@
 """Checking the audit trail (``lockstep audit RUN_DIR``): recompute every behaviour log-prob from the
-policy version that produced it, and judge each batch by its synchronization strategy's rules."""
+policy version that produced it, and judge each batch by its synchronization strategy's rules.
+
+The tolerance. Inference and the audit compute a log-prob in float32 at different batch sizes (and inference
+perhaps in numpy), so the two round differently. A sample recomputes when |recomputed - stored| <= tolerance
++ RELATIVE x M, where M is the magnitude of the log-prob's terms (``Policy.audit_step``: twice the largest
+logit of a Categorical; for a Gaussian dimension (|a| + |mu|) |u| / sigma + u^2 / 2 + |log sigma| + 1) and
+RELATIVE is 32 units of float32's epsilon: the same log-prob at batch 1 and 4,096, or in numpy and torch,
+differed by up to ~6 of them. A changed sample still fails: 1e-3 is far past the bound unless a Gaussian's
+sigma is tiny beside its means, where float32 itself cannot tell such samples apart.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +29,8 @@ from lockstep.learner import checkpoint
 from lockstep.models import Policy, build_policy
 from lockstep.observe.run_dir import RunDir
 from lockstep.tools.policy import PolicyMismatch, load_policy
+
+RELATIVE = 32 * float(np.finfo(np.float32).eps)  # of the terms' magnitude (module docstring): 3.8e-6
 
 
 class AuditError(RuntimeError):
@@ -246,7 +257,8 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
         result.problems.append(f"{path.name} lacks the recurrent states (initial_state [N, S] and starts [T, N]) "
                                "a recurrent policy's log-probs are recomputed from")
         return result
-    recomputed = _recompute(obs, actions, stamps, valid, initial_state, starts, policies)[valid]
+    recomputed, magnitude = _recompute(obs, actions, stamps, valid, initial_state, starts, policies)
+    recomputed, magnitude = recomputed[valid], magnitude[valid]
     stored, stamps = stored[valid], stamps[valid]
     result.samples = int(stored.size)
     if obs.dtype.names and ACTIVE_LEAF in obs.dtype.names:
@@ -275,7 +287,7 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
         diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
         diff[got == want] = 0.0  # equal infinities
         diff[np.isnan(diff)] = np.inf
-        mismatched = int(np.count_nonzero(diff > tolerance))
+        mismatched = int(np.count_nonzero(diff > tolerance + RELATIVE * magnitude[rows]))
         result.mismatched += mismatched
         result.differing += mismatched
         result.max_abs_diff = max(result.max_abs_diff, float(diff.max(initial=0.0)))
@@ -299,17 +311,17 @@ def _observations(data: np.lib.npyio.NpzFile, spec: EnvSpec) -> np.ndarray:
 
 
 def _recompute(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: np.ndarray,
-               initial_state: np.ndarray, starts: np.ndarray, policies: _Policies) -> np.ndarray:
-    """[T, N] log-probs recomputed step by step as inference computed them: from each slot's stored
-    initial state ([N, 0] for a feedforward policy), reset where an episode starts, each step by the
-    version stamped on it.
+               initial_state: np.ndarray, starts: np.ndarray, policies: _Policies) -> tuple[np.ndarray, np.ndarray]:
+    """[T, N] log-probs recomputed step by step as inference computed them, and [T, N] the magnitude of their
+    terms (module docstring): from each slot's stored initial state ([N, 0] for a feedforward policy), reset
+    where an episode starts, each step by the version stamped on it.
 
     NaN where a step cannot be recomputed: its version has no policy (or an unusable one), or an earlier
     step of its slot had none, so the (non-empty) state it was acted with is unknown."""
     T, N = stamps.shape
     state = torch.as_tensor(initial_state, dtype=torch.float32)  # [N, S]
     known = np.ones(N, bool)
-    out = np.full((T, N), np.nan)
+    out, magnitude = np.full((T, N), np.nan), np.zeros((T, N))
     with torch.inference_mode():
         for t in range(T):
             state = state * torch.as_tensor(~starts[t], dtype=torch.float32)[:, None]
@@ -321,11 +333,12 @@ def _recompute(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: 
                     continue
                 model, normalize = policy
                 idx = torch.as_tensor(np.flatnonzero(rows))
-                logprob, after = model.evaluate_step(normalize(as_tensors(obs[t, rows], torch.device("cpu"))),
-                                                     torch.as_tensor(actions[t, rows]), state[idx])
+                logprob, size, after = model.audit_step(normalize(as_tensors(obs[t, rows], torch.device("cpu"))),
+                                                        torch.as_tensor(actions[t, rows]), state[idx])
                 state[idx] = after
                 out[t, rows & known] = logprob.numpy()[known[rows]]
-    return out
+                magnitude[t, rows] = size.numpy()
+    return out, magnitude
 
 
 def check(run_dir: Path, tolerance: float = 1e-5) -> AuditReport:
@@ -383,7 +396,8 @@ def format_report(report: AuditReport) -> str:
         for it in shown
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
-    lines = [f"audit of {report.run_dir} (tolerance {report.tolerance:g})"]
+    lines = [f"audit of {report.run_dir} (tolerance {report.tolerance:g} + {RELATIVE:.2g} x the magnitude of each "
+             "log-prob's terms)"]
     for r in rows:
         cells = [c.rjust(w) if i not in (2, 4) else c.ljust(w)  # strategy and versions are text: left-aligned
                  for i, (c, w) in enumerate(zip(r[:-1], widths, strict=True))]

@@ -41,14 +41,14 @@ KEYS = ["config", "mode", "transport", "env_steps_per_s", "ratio_to_baseline", "
         "learner_peak_rss_mb", "time_split_s", "env_steps", "wall_s", "device", "time_limited",
         "episode_return_mean", "process_s", "loadavg_1m", "error"]
 
-# CleanRL's CartPole settings (configs/cartpole-cleanrl.yaml; also the Config defaults).
+# CleanRL's CartPole settings (src/lockstep/presets/cartpole-cleanrl.yaml; also the Config defaults).
 _CARTPOLE = {
     "env": {"id": "CartPole-v1"},
     "ppo": {"anneal_lr": True, "gamma": 0.99, "gae_lambda": 0.95, "epochs": 4, "minibatches": 4, "clip_coef": 0.2,
             "clip_vloss": True, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5},
     "run": {"seed": 1, "thresholds": [195, 475]},
 }
-# configs/pendulum.yaml (CleanRL's continuous-action settings, rl-baselines3-zoo's gamma and lr).
+# src/lockstep/presets/pendulum.yaml (CleanRL's continuous-action settings, rl-baselines3-zoo's gamma and lr).
 _PENDULUM = {
     "env": {"id": "Pendulum-v1", "normalize_obs": True, "normalize_reward": True},
     "ppo": {"lr": 1.0e-3, "anneal_lr": True, "gamma": 0.9, "gae_lambda": 0.95, "clip_coef": 0.2,
@@ -94,7 +94,7 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in [
                     "ppo.epochs": 4, "ppo.minibatches": 4},
         MODES, steps_full=1_081_344, steps_quick=147_456),
     BenchConfig(
-        "pendulum-scaled", "Pendulum-v1 (configs/pendulum.yaml): 4 actors x 16 envs, T=64, 4 epochs x 4 minibatches",
+        "pendulum-scaled", "Pendulum-v1 (src/lockstep/presets/pendulum.yaml): 4 actors x 16 envs, T=64, 4 epochs x 4 minibatches",
         _PENDULUM, {"actors.count": 4, "actors.envs_per_actor": 16, "ppo.steps_per_env": 64,
                     "ppo.epochs": 4, "ppo.minibatches": 4},
         MODES, steps_full=499_712, steps_quick=65_536),
@@ -103,7 +103,7 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in [
         _CARTPOLE, {"actors.count": 4, "actors.envs_per_actor": 128, "ppo.steps_per_env": 32},
         ("baseline", "collect"), steps_full=2_392_064, steps_quick=327_680, baseline_collect_only=True),
     BenchConfig(
-        "atari-breakout", "Breakout (configs/breakout.yaml: 84x84x4 uint8 frames, Nature CNN): 2 actors x 4 envs, "
+        "atari-breakout", "Breakout (src/lockstep/presets/breakout.yaml: 84x84x4 uint8 frames, Nature CNN): 2 actors x 4 envs, "
                           "T=32, 4 epochs x 4 minibatches",
         _preset("breakout"), {"ppo.steps_per_env": 32}, ("baseline", "collect", "strict"),
         steps_full=8 * 32 * 16, steps_quick=8 * 32 * 2),

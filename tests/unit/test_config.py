@@ -258,9 +258,9 @@ def test_presets_ship_with_the_package_and_include_the_default():
 
 def test_a_preset_loads_by_name_as_by_path():
     by_name = load("cartpole-fast")
-    assert by_name == load("configs/cartpole-fast.yaml")
+    assert by_name == load("src/lockstep/presets/cartpole-fast.yaml")
     assert by_name.env.id == "CartPole-v1" and by_name.run.stop_at_return == 475
-    assert load("cartpole-cleanrl") == load("configs/cartpole-cleanrl.yaml")
+    assert load("cartpole-cleanrl") == load("src/lockstep/presets/cartpole-cleanrl.yaml")
 
 
 def test_a_preset_by_name_merges_over_a_given_base():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,16 @@ from lockstep.observe.metrics import EpisodeTracker
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_configs_folder_mirrors_the_packaged_presets_byte_for_byte():
+def test_each_preset_has_one_copy_the_package_ships():
+    """A preset lives in src/lockstep/presets/ alone: no other YAML file of the checkout repeats one, so a
+    preset cannot differ between two places."""
     packaged = importlib.resources.files("lockstep").joinpath("presets")
-    names = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
-    assert names == sorted(f"{n}.yaml" for n in config_lib.preset_names())
-    for name in names:
-        assert (REPO / "configs" / name).read_text() == packaged.joinpath(name).read_text(), name
+    texts = {packaged.joinpath(f"{name}.yaml").read_text() for name in config_lib.preset_names()}
+    tracked = subprocess.run(["git", "ls-files", "*.yaml", "*.yml"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    others = [path for path in tracked if not path.startswith("src/lockstep/presets/")]
+    assert not [path for path in others if (REPO / path).read_text() in texts]
+    assert not (REPO / "configs").exists()
 
 
 def test_presets_are_package_data():
@@ -58,7 +63,7 @@ def test_train_without_config_uses_the_default_preset():
 
 def test_train_accepts_a_preset_name_and_a_path():
     assert _settings(_resolve("train", "--config", "cartpole-cleanrl")) == \
-        _settings(_resolve("train", "--config", str(REPO / "configs" / "cartpole-cleanrl.yaml")))
+        _settings(_resolve("train", "--config", str(REPO / "src" / "lockstep" / "presets" / "cartpole-cleanrl.yaml")))
     assert _resolve("train", "--config", "pendulum", "--seed", "4").run.seed == 4
 
 

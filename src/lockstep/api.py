@@ -54,7 +54,9 @@ def policy_reference(factory: Callable[..., Any]) -> str:
 def train(config: Config | str | Path, policy: Callable[..., Any] | None = None,
           run_dir: str | Path | None = None) -> dict[str, Any]:
     """Train as ``lockstep train`` does (a learner here, its actors as ``actors.transport`` says) and
-    return the run's summary (summary.json). ``policy``: your network's factory (module docstring)."""
+    return the run's summary (summary.json). ``policy``: your network's factory (module docstring).
+    Raises ``lockstep.learner.RunFailed`` from the error when the learner's own code failed (your network's
+    forward pass, say): summary.json records it, and the run's books end at its last completed iteration."""
     from lockstep.launch.local import train as launch_train  # torch: loaded only when training
 
     if not isinstance(config, Config):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lockstep import config as config_lib
+from lockstep.learner import RunFailed
 from lockstep.observe.tracking import MissingExtra
 from lockstep.transport.grpc import security
 
@@ -284,7 +285,8 @@ HELP = {
     "actor": ("run one actor: step environments, let the learner choose the actions",
               "Steps --envs-per-actor copies of --env and sends every observation to the learner at --learner.\n"
               "Exits 0 when training ends, 1 when no learner answers for --retry-for seconds, 2 when the\n"
-              "learner refuses it or its TLS settings cannot work (the log line names the flag to fix).\n"
+              "learner refuses it or its TLS settings cannot work (the log line names the flag to fix), 3\n"
+              "when its learner failed 3 times with no action in between (the log line names its error).\n"
               "Imports no torch: requirements-actor.txt is all it needs.",
               "lockstep actor --learner learner-host:50051 --token SECRET --envs-per-actor 32 --actor-id 1\n"
               "lockstep actor --learner learner-host:50051 --tls-ca ca.pem --env atari:BreakoutNoFrameskip-v4"),
@@ -434,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed command ``args.func``: its exit code, errors printed as one line with exit code 2."""
+    """Run the parsed command ``args.func``: its exit code, errors printed as one line with exit code 2 (1: the
+    learner failed)."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:
@@ -445,6 +448,9 @@ def run(args: argparse.Namespace) -> int:
     except (security.SecurityError, FileNotFoundError, UsageError, MissingExtra) as err:
         print(f"lockstep: {err}", file=sys.stderr)
         return 2
+    except RunFailed as err:  # its traceback was logged once, when it happened
+        print(f"lockstep: {err} (its traceback is in the log above; summary.json records it)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as err:  # 128 + the signal: 130 for SIGINT, 143 for SIGTERM (launch.local.Interrupted)
         print("lockstep: interrupted", file=sys.stderr)
         return 128 + getattr(err, "signum", signal.SIGINT)

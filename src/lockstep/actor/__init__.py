@@ -20,12 +20,16 @@ from lockstep.config import ActorsConfig, EnvConfig
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.grpc import security
-from lockstep.transport.grpc.client import Connection, LearnerClosed, LearnerRefused, Misconfigured
+from lockstep.transport.grpc.client import Connection, LearnerClosed, LearnerFailed, LearnerRefused, Misconfigured
 from lockstep.transport.messages import OPPONENT, StepData, space_to_proto
 from lockstep.transport.shm.client import LocalConnection
 from lockstep.transport.shm.layout import is_local
 
 log = logging.getLogger("lockstep.actor")
+
+# An actor told this many times that its learner failed (INTERNAL), with no action from it in between, stops:
+# a learner restarted after a failure may serve again, but one that fails the same way each time would not.
+LEARNER_FAILURES = 3
 
 
 @dataclass
@@ -128,7 +132,8 @@ def opponent_request(obs, waiting: np.ndarray, obs_spec: envs_lib.SpaceSpec) -> 
 def run(opts: ActorOptions) -> int:
     """Connect, act until the learner finishes training, reconnecting if it goes away. Returns an exit code:
     0 training finished, 1 no learner (any more), 2 the learner refused this actor or the actor's connection
-    settings cannot work with it (one log line names the cause and the flag that fixes it)."""
+    settings cannot work with it (one log line names the cause and the flag that fixes it), 3 the learner
+    failed ``LEARNER_FAILURES`` times without an action in between (the log line names its error)."""
     vec = envs_lib.make_vector_env(opts.env, opts.envs_per_actor, opts.env_kwargs)
     try:
         return _run(opts, vec)
@@ -143,6 +148,7 @@ def _run(opts: ActorOptions, vec) -> int:
     backoff = Backoff(base_s=0.5, cap_s=10.0, budget_s=opts.retry_for_s)
     name = f"actor {opts.actor_id}"
     selfplay = isinstance(vec, envs_lib.selfplay.SelfPlayVectorEnv)  # a second connection plays the opponents
+    failures: list[str] = []  # what the learner said each time it failed since its last action
     while True:
         hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex,
                          num_envs=vec.num_envs, env_id=opts.env, observation_space=space_to_proto(obs_spec),
@@ -162,6 +168,7 @@ def _run(opts: ActorOptions, vec) -> int:
                 loop.forget_outcome()
             while True:
                 actions, _version = conn.act(loop.outcome())
+                failures.clear()
                 loop.step(actions)
         except LearnerClosed:
             log.info("%s: the learner finished training", name)
@@ -172,6 +179,14 @@ def _run(opts: ActorOptions, vec) -> int:
         except Misconfigured as err:
             log.error("%s: %s", name, err)
             return 2
+        except LearnerFailed as err:
+            failures.append(str(err))
+            if len(failures) >= LEARNER_FAILURES:
+                log.error("%s: the learner at %s failed %d times without an action in between; giving up (fix "
+                          "its error and restart it): %s", name, opts.learner, len(failures), err)
+                return 3
+            log.warning("%s: %s (%d of %d times before this actor gives up)", name, err, len(failures),
+                        LEARNER_FAILURES)
         except ConnectionError as err:  # also what a transport makes of a lost learner
             log.warning("%s: %s", name, err)
         finally:
@@ -179,7 +194,8 @@ def _run(opts: ActorOptions, vec) -> int:
                 if c is not None:
                     c.close()
         if not backoff.wait():
-            log.error("%s: no learner at %s for %.0f s; giving up", name, opts.learner, opts.retry_for_s)
+            log.error("%s: no learner at %s for %.0f s; giving up%s", name, opts.learner, opts.retry_for_s,
+                      f" (it had failed: {failures[-1]})" if failures else "")
             return 1
         log.info("%s: reconnecting to %s", name, opts.learner)
 

@@ -2,8 +2,8 @@
 started through ``Learner.run_on_loop`` and restarted as the ``RestartPolicy`` says when its env raises.
 
 A failed env loop ends its session like a dead actor process (its unfinished unroll is dropped and
-counted); one the learner refused, or one that finished, is not restarted. The learner cancels the
-loops still running when it stops serving.
+counted); one the learner refused, one whose learner failed, or one that finished, is not restarted. The
+learner cancels the loops still running when it stops serving.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import concurrent.futures
 import logging
 from typing import TYPE_CHECKING
 
-from lockstep.launch.restart import FAILED, FINISHED, REFUSED, RestartPolicy, Supervisor
+from lockstep.launch.restart import FAILED, FINISHED, LEARNER_FAILED, REFUSED, RestartPolicy, Supervisor
 from lockstep.transport.inprocess import serve_env_loop
-from lockstep.transport.protocol import RefusalLog, Refused
+from lockstep.transport.protocol import INTERNAL, RefusalLog, Refused
 
 if TYPE_CHECKING:
     from lockstep.learner.wiring import Learner
@@ -50,6 +50,8 @@ class InProcessActors(Supervisor[Future]):
                                  self.obs_keys, self.env_kwargs)
             return FINISHED
         except Refused as err:
+            if err.code == INTERNAL:  # the learner failed, and logged why
+                return LEARNER_FAILED
             log.error("actor %d (in process): the learner refused it: %s", actor_id, err)
             return REFUSED
         except Exception:  # an env that raises must not take the learner down

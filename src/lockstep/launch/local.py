@@ -136,8 +136,8 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
         finally:
             if run.get("published"):
                 security.unpublish_token(run["published"])
-            if actors is not None:
-                actors.stop()  # and Ray, when it was started here: on every path
+            if actors is not None:  # and Ray, when it was started here: on every path; the actors of a learner
+                actors.stop(grace_s=0.0 if "error" in run else 5.0)  # that failed would only retry: no grace
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
     if ranks is not None and "summary" in run and not run.get("forced"):

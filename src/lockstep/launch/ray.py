@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from lockstep.actor import ActorOptions
 from lockstep.config import Config, ConfigError
 from lockstep.launch.ray_actor import RayActor
-from lockstep.launch.restart import FINISHED, REFUSED, RestartPolicy
+from lockstep.launch.restart import FINISHED, LEARNER_FAILED, REFUSED, RestartPolicy
 from lockstep.transport.grpc import security
 
 if TYPE_CHECKING:
@@ -228,13 +228,15 @@ class RayActors:
                 return
             code, died, cause = None, True, f"died (worker pid {actor.pid} on {actor.host}): {reason}"
         else:
-            died, cause = False, f"exited with code {code} (1: no learner; 2: refused, see its log above)"
+            died, cause = False, (f"exited with code {code} (1: no learner; 2: refused; 3: the learner failed; "
+                                  "see its log above)")
             if code == FINISHED:
                 log.info("actor %d finished", actor.actor_id)
         delay = self.policy.delay(actor.actor_id, code, cause, training)
         if delay is None:
             actor.gone = True
-            if code == REFUSED or (code not in (None, FINISHED) and not training):  # else the policy said why
+            # (else the policy said why)
+            if code in (REFUSED, LEARNER_FAILED) or (code not in (None, FINISHED) and not training):
                 log.error("actor %d %s", actor.actor_id, cause)
             return
         actor.again, actor.died, actor.restart_at = True, died, time.monotonic() + delay

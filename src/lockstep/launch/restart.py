@@ -2,7 +2,7 @@
 of the launchers that restart actors themselves (local processes, in-process env loops).
 
 An actor that ended is restarted unless a restart cannot help (it finished: training is over; the
-learner refused it: it would be refused again), training is over, or it has used its
+learner refused it: it would be refused again; the learner failed), training is over, or it has used its
 ``max_restarts``; otherwise after an exponential backoff (1 s, 2 s, 4 s, ... capped), counted per
 actor. Ray restarts its workers itself (``launch.ray``) and asks the same policy whether, and when,
 to run the actor loop again.
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lockstep.train")
 
-FINISHED, FAILED, REFUSED = 0, 1, 2  # actor exit codes (``lockstep.actor.run``); 0 and 2 a restart cannot help
+# actor exit codes (``lockstep.actor.run``); a restart cannot help but after FAILED
+FINISHED, FAILED, REFUSED, LEARNER_FAILED = 0, 1, 2, 3
 
 
 class RestartPolicy:
@@ -45,7 +46,7 @@ class RestartPolicy:
     def delay(self, actor_id: int, exit_code: int | None, cause: str, training: bool) -> float | None:
         """Seconds until actor ``actor_id``, which ended with ``exit_code`` (None: a worker that died without
         one) as ``cause`` says ("died (exit code -9)"), is restarted; None: it stays down. Logs the decision."""
-        if not training or exit_code in (FINISHED, REFUSED):
+        if not training or exit_code in (FINISHED, REFUSED, LEARNER_FAILED):
             return None
         if self.restarts_of(actor_id) >= self.max_restarts:
             log.error("actor %d %s and has used its %d restarts; not restarting", actor_id, cause, self.max_restarts)
@@ -110,7 +111,7 @@ class Supervisor(ABC, Generic[H]):
             delay = self.policy.delay(actor.actor_id, code, self._cause(code), training)
             if delay is not None:
                 actor.restart_at = now + delay
-            elif code not in (FINISHED, REFUSED):
+            elif code not in (FINISHED, REFUSED, LEARNER_FAILED):
                 actor.handle = None  # dead for good
 
     def all_exited(self) -> bool:

@@ -54,6 +54,7 @@ import numpy as np
 
 from lockstep.algo import noise
 from lockstep.envs import EnvSpec
+from lockstep.learner import RunFailed
 from lockstep.learner.backends import InferenceBackend
 from lockstep.learner.rollout import PhaseStore, Unroll
 from lockstep.learner.teams import TeamReturns
@@ -73,6 +74,8 @@ from lockstep.transport.protocol import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from lockstep.config import SyncConfig
     from lockstep.learner.opponents import OpponentPool
 
@@ -150,6 +153,8 @@ class Sessions:
         # a PettingZoo parallel env's finished env episodes, their agents' returns summed (``learner.teams``),
         # the report's, so that a resumed run continues them
         self.teams: EpisodeTracker | None = None
+        self.failure: str | None = None  # why the learner failed (``fail``): every connection is refused with it
+        self.on_failure: Callable[[BaseException], None] = lambda error: None  # the learner's: it stops the run
 
     @property
     def actor_ids(self) -> list[int]:
@@ -273,8 +278,18 @@ class Sessions:
         """Requests that may arrive soon: every connected actor that is not held."""
         return max(1, len(self._live) - self.gate.held_count())
 
+    def fail(self, error: BaseException, what: str = "serving the actors") -> str:
+        """The learner's own code raised ``error`` while ``what`` (``ActorHandler.fail``, or the trainer thread's
+        update): the first failure is logged with its traceback and ends the run (``on_failure``); every actor
+        is refused with INTERNAL and ``failure`` from then on, not told that training is over. Returns it."""
+        if self.failure is None:
+            self.failure = str(RunFailed(error))
+            log.error("%s failed; the run stops", what, exc_info=error)
+            self.on_failure(error)
+        return self.failure
+
     def finish(self) -> None:
-        """Training is over: every held request is answered with 'training is over'."""
+        """Training is over: every held request is answered with 'training is over' (or ``failure``)."""
         self.finished = True
         if self.opponents is not None:
             self.opponents.finish()

@@ -31,7 +31,7 @@ from lockstep.common.device import prepare_device
 from lockstep.config import Config
 from lockstep.config import save as save_config
 from lockstep.envs import env_spec
-from lockstep.learner import event_loop, opponents
+from lockstep.learner import RunFailed, event_loop, opponents
 from lockstep.learner.audit_trail import AuditWriter
 from lockstep.learner.backends import make_backend
 from lockstep.learner.checkpoint import Checkpointer
@@ -90,6 +90,7 @@ class Learner:
         self.sessions.slot_counters.update(slot_counters)
         self.sessions.opponents = opponents.for_run(config, self.spec, self.backend, self.report.counters)
         self.report.opponents, self.sessions.teams = self.sessions.opponents, self.report.teams  # both use them
+        self.sessions.on_failure = lambda error: self.stop(error=error)  # the learner's own code failed
         self.port, self.local_address, self.error = None, None, None  # gRPC port; unix:/path (or None); failure
         self._servers: list[LearnerServer | shm.LocalServer] = []  # their codec_s goes into the time split
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -107,7 +108,7 @@ class Learner:
     # -- running --------------------------------------------------------------------
 
     def serve(self) -> dict[str, Any]:
-        """Run until the step budget is spent (or ``stop()``); return the summary."""
+        """Run until the step budget is spent (or ``stop()``); return the summary, or raise ``RunFailed``."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(self.config, self.run_dir / "config.yaml")
         self.report.open(resume_after=self.trainer.iteration if self.resumed_from else None)
@@ -121,7 +122,7 @@ class Learner:
             self.report.close()
         summary = self._write_final()
         if self.error is not None:
-            raise self.error
+            raise RunFailed(self.error) from self.error
         return summary
 
     def wait_ready(self, timeout: float | None = None) -> int:
@@ -141,10 +142,11 @@ class Learner:
         task.add_done_callback(self._guests.discard)
         return await coro
 
-    def stop(self, at_once: bool = False) -> None:
-        """Ask the learner to finish (thread-safe, also before it serves); several learners: see ``_decide``."""
-        self._asked = True
-        if self.ranks is None or at_once or not self._trainer.is_alive():
+    def stop(self, at_once: bool = False, error: BaseException | None = None) -> None:
+        """Ask the learner to finish (thread-safe, also before it serves); several learners: see ``_decide``.
+        ``error``: the learner's own code failed (``Sessions.fail``); the run ends with it, at once."""
+        self._asked, self.error = True, self.error or error
+        if self.ranks is None or at_once or error is not None or not self._trainer.is_alive():
             self._stop.set()
 
     async def _serve(self, trainer: threading.Thread) -> None:
@@ -186,9 +188,7 @@ class Learner:
                     return self._stop.set()
                 trained = self.trainer.samples_trained
         except BaseException as err:
-            log.exception("training failed")
-            self.error = err
-            self._stop.set()
+            self.sessions.fail(err, "training")  # logged there; the actors are told so
         if item is not None and item.batch is not None and self.trainer.samples_trained == trained:
             self.report.counters.dropped_transitions += item.batch.size  # stopped from outside, or failed: untrained
 

@@ -10,6 +10,14 @@ Every connection ends the same way: a refused hello or step is logged once per p
 (``RefusalLog``) and told to the peer with its status code, and the session, once there is one, is
 closed whatever ended the connection (the actor gone, a refusal, training over, an error).
 
+Whose fault: this loop is the one place that decides. What the peer sent is checked by the framing and
+the handler, which raise ``Refused`` (or ``CodecError``): that peer is refused, and the learner goes on.
+Any other exception raised while the learner's own code serves the connection (the handler's ``connect``
+and ``step``: inference, the books; encoding the reply) is a learner failure: ``handler.fail`` ends the run
+with it, and this peer, every other one, and every hello from then on are refused with INTERNAL and the
+learner's error, so that actors stop instead of reconnecting to a learner that fails the same way each
+time. What the framing itself raises (an in-process actor's env, a peer gone mid-send) stays the framing's.
+
 Deadlines: a peer that has not said hello within ``hello_timeout_s`` is refused with DEADLINE_EXCEEDED.
 From the welcome on, the loop stamps the session's ``owed_since`` whenever the learner has answered and
 waits for the peer (cleared when its next step arrives): the learner's step deadline evicts a session
@@ -33,6 +41,7 @@ from lockstep.transport.codec import CodecError
 from lockstep.transport.messages import HelloInfo, StepData
 from lockstep.transport.protocol import (
     DEADLINE_EXCEEDED,
+    INTERNAL,
     INVALID_ARGUMENT,
     ActorHandler,
     RefusalLog,
@@ -93,6 +102,7 @@ async def serve_connection(framing: Framing, handler: ActorHandler, refusals: Re
     """Serve one actor through ``framing`` for ``handler``; yield each message to send, in order."""
     who = framing.peer
     hello = session = None
+    ours = False  # the learner's own code runs: what it raises (but a Refused) is a learner failure
     try:
         try:
             try:
@@ -104,7 +114,11 @@ async def serve_connection(framing: Framing, handler: ActorHandler, refusals: Re
             if hello is None:
                 return
             who = f"actor {hello.actor_id}"
+            if handler.failure is not None:
+                raise Refused(INTERNAL, handler.failure)
+            ours = True
             session, welcome = handler.connect(hello)
+            ours = False
             decode, encode, step, clock = framing.decode, framing.reply, session.step, time.perf_counter  # per step
             session.owed_since = clock()
             yield framing.welcome(hello, welcome)
@@ -113,14 +127,18 @@ async def serve_connection(framing: Framing, handler: ActorHandler, refusals: Re
                 session.owed_since = None
                 data = decode(message, hello)
                 codec.seconds += clock() - start
+                ours = True
                 reply = await step(data)
                 if reply is None:
+                    if handler.failure is not None:  # the learner failed while this request was held
+                        raise Refused(INTERNAL, handler.failure)
                     over = framing.over()
                     if over is not None:
                         yield over
                     return
                 start = clock()
                 message = encode(reply)
+                ours = False
                 session.owed_since = end = clock()  # from here the peer owes the next step (sending counts too)
                 codec.seconds += end - start
                 yield message
@@ -134,7 +152,12 @@ async def serve_connection(framing: Framing, handler: ActorHandler, refusals: Re
                 raise
             asyncio.current_task().uncancel()  # the step deadline ended it: tell the peer why
             refusal = DEADLINE_EXCEEDED, session.evicted
-        refusals(who, *refusal)
+        except Exception as err:
+            if not ours:
+                raise
+            refusal = INTERNAL, handler.fail(err)  # logged there, once for the run
+        if refusal[0] != INTERNAL:  # a learner failure is logged once, not once per peer
+            refusals(who, *refusal)
         await framing.refuse(*refusal)
     finally:
         if session is not None:

@@ -23,6 +23,7 @@ UNAVAILABLE = "UNAVAILABLE"  # training is over
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # a message over the size limit
 UNAUTHENTICATED = "UNAUTHENTICATED"  # no token, or the wrong one
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # no hello, or no step, in time: the actor may reconnect
+INTERNAL = "INTERNAL"  # the learner itself failed (not the actor's doing): the run ends, its actors stop
 
 
 class Refused(Exception):
@@ -79,5 +80,11 @@ class ActorSession(Protocol):
 
 
 class ActorHandler(Protocol):
+    failure: str | None  # why the learner failed (``fail``): every connection is then refused with INTERNAL
+
     def connect(self, hello: HelloInfo) -> tuple[ActorSession, Welcome]:
         """Accept an actor or raise Refused."""
+
+    def fail(self, error: BaseException) -> str:
+        """The learner's own code raised ``error`` while serving a connection (not a ``Refused``: nothing the
+        peer sent): the run ends with it. Returns ``failure``, what every peer is told from then on."""

@@ -39,6 +39,12 @@ class LearnerRefused(Exception):
         self.code, self.message = code, message
 
 
+class LearnerFailed(ConnectionError):
+    """The learner's own code failed (status INTERNAL; the message names its error): its run has ended. A
+    ``ConnectionError``, for a restarted learner may serve again; the actor gives up after ``actor.LEARNER_FAILURES``
+    of them without an action in between."""
+
+
 class Misconfigured(ConnectionError):
     """The actor's connection settings cannot work with this learner (TLS on one end only, the wrong CA or
     server name): retrying cannot help, and the message names the flag that fixes it. The actor exits with code 2.
@@ -50,6 +56,8 @@ def translate(err: grpc.RpcError) -> Exception:
     code = err.code()
     if code is not None and code.name in FATAL_CODES:
         return LearnerRefused(code.name, err.details() or "")
+    if code is grpc.StatusCode.INTERNAL:
+        return LearnerFailed(err.details() or "the learner failed")
     return ConnectionError(f"lost the learner ({code.name if code is not None else 'no status'}: {err.details()})")
 
 

@@ -6,8 +6,8 @@ memory, wakes the learner with a 12-byte frame and returns the actions the learn
 The wire and who writes what when: ``shm_layout``. No torch; numpy and the standard library.
 
 It raises what the gRPC ``Connection.act`` raises: ``LearnerClosed`` when training is over,
-``LearnerRefused`` when the learner refused this actor for good, ``ConnectionError`` when the
-learner is gone or refused it for now (reconnecting may help).
+``LearnerRefused`` when the learner refused this actor for good, ``LearnerFailed`` when the learner's
+own code failed, ``ConnectionError`` when the learner is gone or refused it for now (reconnecting may help).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import socket
 import numpy as np
 
 from lockstep.transport import lockstep_pb2 as pb
-from lockstep.transport.grpc.client import FATAL_CODES, LearnerClosed, LearnerRefused
+from lockstep.transport.grpc.client import FATAL_CODES, LearnerClosed, LearnerFailed, LearnerRefused
 from lockstep.transport.messages import StepData, space_from_proto
-from lockstep.transport.protocol import INVALID_ARGUMENT
+from lockstep.transport.protocol import INTERNAL, INVALID_ARGUMENT
 from lockstep.transport.shm import layout as wire
 
 
@@ -94,6 +94,8 @@ class LocalConnection:
             code, message = wire.parse_refusal(frame[wire.REPLY.size:])
             if code in FATAL_CODES:
                 raise LearnerRefused(code, message)
+            if code == INTERNAL:
+                raise LearnerFailed(message)
             raise ConnectionError(f"the learner at {self.address} ended the connection ({code}: {message})")
         return frame, fds
 

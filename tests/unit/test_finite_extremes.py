@@ -142,8 +142,9 @@ def test_optimize_skips_only_the_minibatches_whose_loss_is_not_finite():
         zeros = torch.zeros_like(value)
         return zeros, zeros, torch.ones_like(value), value, value.detach(), returns, zeros
 
-    stats = ppo.optimize(model, optimizer, minibatch, 4, epochs=1, minibatches=4, clip_coef=0.2, clip_vloss=False,
-                         vf_coef=0.5, ent_coef=0.0, max_grad_norm=10.0, norm_adv=False, target_kl=None)
+    stats = ppo.optimize(model, optimizer, minibatch, 4, ppo.Settings(
+        epochs=1, minibatches=4, clip_coef=0.2, clip_vloss=False, vf_coef=0.5, ent_coef=0.0, max_grad_norm=10.0,
+        norm_adv=False, target_kl=None))
     assert stats.skipped_steps == 1 and stats.gradient_steps == 3
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert np.isfinite(stats.value_loss)  # the means are over the minibatches that had a finite loss

@@ -151,9 +151,9 @@ def test_an_update_through_ppo_optimize_is_bitwise_the_one_torch_functions_give(
             logprob = (-0.5 * ((actions[idx] - mean) / model.log_std.exp()).pow(2) - model.log_std).sum(-1)
             old = logprob.detach() + 0.01
             return logprob, old, advantages[idx], value, old_value[idx], returns[idx], logprob.detach() * 0
-        ppo.optimize(model, opt, minibatch, 256, epochs=3, minibatches=4, clip_coef=0.2, clip_vloss=True,
-                     vf_coef=0.5, ent_coef=0.0, max_grad_norm=0.5, norm_adv=True, target_kl=None,
-                     generator=torch.Generator().manual_seed(5))
+        settings = ppo.Settings(epochs=3, minibatches=4, clip_coef=0.2, clip_vloss=True, vf_coef=0.5, ent_coef=0.0,
+                                max_grad_norm=0.5, norm_adv=True, target_kl=None)
+        ppo.optimize(model, opt, minibatch, 256, settings, generator=torch.Generator().manual_seed(5))
         monkeypatch.undo()
         return _bits(model.parameters())
     assert run(direct=True) == run(direct=False)

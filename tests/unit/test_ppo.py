@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lockstep.algo import noise, ppo
-from lockstep.algo.ppo import gae, ppo_loss, update
+from lockstep.algo.ppo import Settings, gae, ppo_loss, update
 from lockstep.envs import SpaceSpec
 from lockstep.models import ActorCritic
 
@@ -135,11 +135,18 @@ V_LOSS_PLAIN = 0.5 * (0.25 + 0.25 + 1.00 + 1.21) / 4  # 0.33875
 ENTROPY = [0.6, 0.7, 0.5, 0.2]  # mean 0.5
 
 
+def _settings(**changes) -> Settings:
+    """CleanRL's settings (``config.PPOConfig``'s defaults), with ``changes``."""
+    fields = dict(epochs=4, minibatches=4, clip_coef=0.2, clip_vloss=True, vf_coef=0.5, ent_coef=0.01,
+                  max_grad_norm=0.5, norm_adv=True, target_kl=None)
+    return Settings(**{**fields, **changes})
+
+
 def _loss(clip_vloss=True, norm_adv=False, ent_coef=0.01, vf_coef=0.5, advantages=ADVANTAGES, ratios=RATIOS):
     old = t64(OLD_LOGPROB)
     new = old + t64([math.log(r) for r in ratios])
     return ppo_loss(new, old, t64(advantages), t64(NEW_VALUE), t64(OLD_VALUE), t64(RETURNS), t64(ENTROPY),
-                    clip_coef=0.2, clip_vloss=clip_vloss, vf_coef=vf_coef, ent_coef=ent_coef, norm_adv=norm_adv)
+                    _settings(clip_vloss=clip_vloss, vf_coef=vf_coef, ent_coef=ent_coef, norm_adv=norm_adv))
 
 
 def test_ppo_policy_loss_clips_only_where_it_is_pessimistic():
@@ -153,7 +160,7 @@ def test_ppo_policy_loss_per_sample(index, expected):
     old = t64([OLD_LOGPROB[index]])
     new = old + math.log(RATIOS[index])
     parts = ppo_loss(new, old, t64([ADVANTAGES[index]]), t64([0.0]), t64([0.0]), t64([0.0]), t64([0.0]),
-                     clip_coef=0.2, clip_vloss=False, vf_coef=0.5, ent_coef=0.0, norm_adv=False)
+                     _settings(clip_vloss=False, ent_coef=0.0, norm_adv=False))
     assert parts.policy_loss.item() == pytest.approx(expected)
 
 
@@ -192,7 +199,7 @@ def test_ppo_loss_gradient_flows_to_new_logprob_and_new_value_only_where_unclipp
     new = (old + t64([math.log(r) for r in RATIOS])).requires_grad_()
     new_value = t64(NEW_VALUE).requires_grad_()
     parts = ppo_loss(new, old, t64(ADVANTAGES), new_value, t64(OLD_VALUE), t64(RETURNS), t64(ENTROPY),
-                     clip_coef=0.2, clip_vloss=True, vf_coef=0.5, ent_coef=0.01, norm_adv=False)
+                     _settings(norm_adv=False))
     parts.loss.backward()
     # d/dnew of mean(-A r) is -A r / B where the unclipped term is chosen, 0 where the clipped one is
     torch.testing.assert_close(new.grad, t64([0.0, -1.0 * 0.9 / 4, 1.0 * 1.5 / 4, 0.0]))
@@ -207,7 +214,7 @@ def _normalized_advantages(advantages: list[float]) -> torch.Tensor:
     new = old.clone().requires_grad_()
     zeros = torch.zeros_like(old)
     parts = ppo_loss(new, old, t64(advantages), zeros, zeros, zeros, zeros,
-                     clip_coef=0.2, clip_vloss=False, vf_coef=0.0, ent_coef=0.0, norm_adv=True)
+                     _settings(clip_vloss=False, vf_coef=0.0, ent_coef=0.0))
     parts.policy_loss.backward()
     return -new.grad * len(advantages)
 
@@ -269,8 +276,7 @@ def _run_update(model, batch, *, epochs=4, minibatches=4, target_kl=None, lr=1e-
     return update(model, optimizer, obs[None], actions[None], np.zeros((1, B), bool), torch.zeros(B, 0),
                   np.ones((1, B), bool), old_logprob[None], advantages[None], returns[None],
                   old_value[None],
-                  epochs=epochs, minibatches=minibatches, clip_coef=0.2, clip_vloss=True, vf_coef=0.5,
-                  ent_coef=0.01, max_grad_norm=0.5, norm_adv=norm_adv, target_kl=target_kl,
+                  _settings(epochs=epochs, minibatches=minibatches, norm_adv=norm_adv, target_kl=target_kl),
                   generator=torch.Generator().manual_seed(1))
 
 
@@ -422,3 +428,15 @@ def test_gae_on_the_host_gives_the_same_bits_as_the_torch_recursion(dtype):
     for a, b in zip(host, device):
         assert a.dtype == dtype
         assert torch.equal(a, b)
+
+
+def test_the_update_reads_one_frozen_settings_object_of_the_configs_names():
+    """``ppo.Settings`` holds what an update reads under ``config.PPOConfig``'s names; the defaults are CleanRL's."""
+    import dataclasses
+
+    from lockstep.config import PPOConfig
+
+    settings = Settings.of(PPOConfig())
+    assert settings == _settings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.clip_coef = 0.3

@@ -54,9 +54,9 @@ def test_fused_adam_skips_a_non_finite_step_on_the_device_without_counting_it():
         return zeros, zeros, torch.ones_like(value), value, value.detach(), returns, zeros
 
     with HostSyncs() as syncs:
-        stats = ppo.optimize(model, optimizer, minibatch, 4, epochs=1, minibatches=4, clip_coef=0.2,
-                             clip_vloss=False, vf_coef=0.5, ent_coef=0.0, max_grad_norm=10.0, norm_adv=False,
-                             target_kl=None)
+        stats = ppo.optimize(model, optimizer, minibatch, 4, ppo.Settings(
+            epochs=1, minibatches=4, clip_coef=0.2, clip_vloss=False, vf_coef=0.5, ent_coef=0.0, max_grad_norm=10.0,
+            norm_adv=False, target_kl=None))
     assert stats.skipped_steps == 1 and stats.gradient_steps == 3 and syncs.count == 1
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert all(float(optimizer.state[p]["step"]) == 3 for p in model.parameters())  # the skipped step uncounted

@@ -18,6 +18,27 @@ from torch import nn
 from lockstep.algo.optim import GradientStep
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What one update reads of PPO's hyperparameters, frozen for the update (``config.PPOConfig`` holds their
+    defaults and help; ``of`` copies them from it by name)."""
+
+    epochs: int  # passes over the batch
+    minibatches: int  # per pass
+    clip_coef: float  # epsilon of the clipped objective (and of the clipped value loss)
+    clip_vloss: bool
+    vf_coef: float
+    ent_coef: float
+    max_grad_norm: float
+    norm_adv: bool  # normalize advantages per minibatch
+    target_kl: float | None  # stop the epochs once the approximate KL exceeds it; None: never
+
+    @classmethod
+    def of(cls, source: object) -> Settings:
+        """The settings of any object that has them as attributes (``config.PPOConfig``)."""
+        return cls(**{name: getattr(source, name) for name in cls.__dataclass_fields__})
+
+
 def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
         continues: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns, all [T, N].
@@ -77,23 +98,23 @@ class LossParts:
 
 def ppo_loss(new_logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
              new_value: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor,
-             entropy: torch.Tensor, *, clip_coef: float, clip_vloss: bool, vf_coef: float,
-             ent_coef: float, norm_adv: bool) -> LossParts:
+             entropy: torch.Tensor, settings: Settings) -> LossParts:
     """The clipped surrogate objective with value loss and entropy bonus, all inputs [B]."""
+    clip_coef = settings.clip_coef
     log_ratio = new_logprob - old_logprob
     ratio = log_ratio.exp()  # r_t(θ) = π_θ(a|s) / π_behaviour(a|s)
-    if norm_adv:
+    if settings.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-8)
     # L^CLIP = E[min(r A, clip(r, 1−ε, 1+ε) A)], minimized as its negative
     policy_loss = torch.max(-advantages * ratio,
                             -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
-    if clip_vloss:
+    if settings.clip_vloss:
         clipped = old_value + (new_value - old_value).clamp(-clip_coef, clip_coef)
         value_loss = 0.5 * torch.max((new_value - returns) ** 2, (clipped - returns) ** 2).mean()
     else:
         value_loss = 0.5 * ((new_value - returns) ** 2).mean()
     entropy_mean = entropy.mean()
-    loss = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
+    loss = policy_loss - settings.ent_coef * entropy_mean + settings.vf_coef * value_loss
     with torch.no_grad():
         approx_kl = ((ratio - 1) - log_ratio).mean()  # k3 estimator of KL(behaviour || new)
         clip_fraction = ((ratio - 1).abs() > clip_coef).float().mean()
@@ -116,12 +137,11 @@ Minibatch = tuple[torch.Tensor, ...]  # (new log-prob, old log-prob, advantages,
 
 
 def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
-             minibatch: Callable[[torch.Tensor, np.ndarray], Minibatch], units: int, *, epochs: int,
-             minibatches: int, clip_coef: float, clip_vloss: bool, vf_coef: float, ent_coef: float,
-             max_grad_norm: float, norm_adv: bool, target_kl: float | None, generator: torch.Generator | None = None,
-             device: torch.device | str = "cpu", reduce_gradients: Callable[[int], None] | None = None,
+             minibatch: Callable[[torch.Tensor, np.ndarray], Minibatch], units: int, settings: Settings, *,
+             generator: torch.Generator | None = None, device: torch.device | str = "cpu",
+             reduce_gradients: Callable[[int], None] | None = None,
              agree: Callable[[float], float] | None = None) -> UpdateStats:
-    """Epochs x minibatches gradient steps. Each epoch shuffles ``units`` (samples, or whole slots for a
+    """Epochs x minibatches gradient steps (``settings``). Each epoch shuffles ``units`` (samples, or whole slots for a
     recurrent policy) and splits them into ``minibatches`` groups; ``minibatch(indices, host_indices)``
     evaluates one group (the indices [b] on ``device``, and the same on the host).
 
@@ -145,10 +165,11 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
     skipped = torch.zeros((), device=device)  # minibatches without an optimizer step
     no_samples = torch.ones((), dtype=torch.bool, device=device)  # a minibatch without samples: a finite loss
     attempted = 0
-    gradients = GradientStep(model, optimizer, max_grad_norm)
+    gradients = GradientStep(model, optimizer, settings.max_grad_norm)
+    minibatches, target_kl = settings.minibatches, settings.target_kl
     sections = minibatches if reduce_gradients is not None else min(minibatches, units)
     approx_kl: torch.Tensor | float = 0.0  # the last minibatch's
-    for _ in range(epochs):
+    for _ in range(settings.epochs):
         host_order = torch.randperm(units, generator=generator, device="cpu")
         order = host_order.to(device, non_blocking=True)
         for idx, host_idx in zip(torch.tensor_split(order, sections), torch.tensor_split(host_order, sections)):
@@ -160,8 +181,7 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
                 samples = len(new_logprob)
             if samples:
                 parts = ppo_loss(new_logprob, old_logprob, advantages, new_value, old_value, returns, entropy,
-                                 clip_coef=clip_coef, clip_vloss=clip_vloss, vf_coef=vf_coef,
-                                 ent_coef=ent_coef, norm_adv=norm_adv)
+                                 settings)
                 parts.loss.backward()
                 finite = torch.isfinite(parts.loss.detach())
                 if reduce_gradients is not None:  # a loss of inf can have finite gradients: poison them for
@@ -198,8 +218,9 @@ def _each_leaf(fn: Callable[[torch.Tensor], torch.Tensor], obs: torch.Tensor | d
 def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor | dict[str, torch.Tensor],
            actions: torch.Tensor, starts: np.ndarray, initial_state: torch.Tensor, valid: np.ndarray,
            old_logprob: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
-           **settings) -> UpdateStats:
-    """PPO on [T, N] sequences; ``settings``: see ``optimize``.
+           settings: Settings, **runtime) -> UpdateStats:
+    """PPO on [T, N] sequences with ``settings``; ``runtime`` (the generator, several learners' hooks): see
+    ``optimize``.
 
     obs [T, N, *obs] (a Dict or Tuple observation: a dict of [T, N, *leaf]), actions [T, N, *act],
     initial_state [N, S], the rest [T, N]; on the host (numpy, so that the minibatches' shapes and the
@@ -239,4 +260,4 @@ def update(model: nn.Module, optimizer: torch.optim.Optimizer, obs: torch.Tensor
         keep = valid[:, host_slots]  # [T, n] -> the minibatch's samples
         return tuple(select(x, keep) for x in columns)
 
-    return optimize(model, optimizer, minibatch, actions.shape[1], device=dev, **settings)
+    return optimize(model, optimizer, minibatch, actions.shape[1], settings, device=dev, **runtime)

@@ -153,6 +153,7 @@ class Trainer:
         self.reward_scaler = (RewardScaler(config.ppo.gamma, config.env.clip_reward, self._update_rms)
                               if config.env.normalize_reward else None)
         self.generator = torch.Generator().manual_seed(config.run.seed)
+        self.settings = ppo.Settings.of(config.ppo)  # what every update reads, frozen
         self.version = 0
         self.iteration = 0
         self.env_steps = 0  # transitions trained on (by every learner, when there are several)
@@ -216,7 +217,7 @@ class Trainer:
         logprobs = as_t(batch.logprobs)  # [T, N]
         model.train()
         stats = ppo.update(model, self.optimizer, obs, actions, starts, initial_state, valid, logprobs, advantages,
-                           returns, values, **self._settings())
+                           returns, values, self.settings, **self._runtime())
         with torch.no_grad():  # an action of several parts: each part's entropy, after the update
             entropies = model.entropy_by_entry(obs, starts, initial_state, torch.from_numpy(valid).to(dev))
         if self.obs_rms is not None:
@@ -231,20 +232,20 @@ class Trainer:
             self._update_rms(self.reward_scaler.rms, np.zeros(0))
         lr = self._apply_learning_rate()
         self.model.train()
-        stats = ppo.optimize(self.model, self.optimizer, lambda *_: (), 0, device=self.device, **self._settings())
+        stats = ppo.optimize(self.model, self.optimizer, lambda *_: (), 0, self.settings, device=self.device,
+                             **self._runtime())
         if self.obs_rms is not None:
             self._update_obs_rms(np.zeros(0, self.spec.observation.array_dtype))
         return self._advance(None, np.zeros(0, np.int64), start, lr, stats)
 
-    def _settings(self) -> dict:
-        cfg, ranks = self.config.ppo, self.ranks
-        settings = dict(epochs=cfg.epochs, minibatches=cfg.minibatches, clip_coef=cfg.clip_coef,
-                        clip_vloss=cfg.clip_vloss, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
-                        max_grad_norm=cfg.max_grad_norm, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl,
-                        generator=self.generator)
+    def _runtime(self) -> dict:
+        """What an update needs beyond its settings: the minibatches' generator, and with several learners the
+        gradients' average and the KL's agreement (``ppo.optimize``)."""
+        ranks = self.ranks
+        runtime: dict = dict(generator=self.generator)
         if ranks is not None:
-            settings.update(reduce_gradients=lambda n: ranks.reduce_gradients(self.model, n), agree=ranks.mean)
-        return settings
+            runtime.update(reduce_gradients=lambda n: ranks.reduce_gradients(self.model, n), agree=ranks.mean)
+        return runtime
 
     def _update_obs_rms(self, obs: np.ndarray) -> None:
         """Fold observations [B, *obs] into the observation statistics: of each normalized leaf of a tree."""

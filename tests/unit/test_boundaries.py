@@ -68,6 +68,12 @@ def test_the_rollout_store_needs_no_torch():
     assert "torch" not in _imported_after("lockstep.learner.rollout")
 
 
+@pytest.mark.parametrize("module", ["lockstep.sweep.runner", "lockstep.sweep.report"])
+def test_a_sweep_runs_its_trials_as_processes_and_loads_neither_torch_nor_grpc(module):
+    pytest.importorskip("optuna")
+    assert not {"torch", "grpc"} & _imported_after(module)
+
+
 def test_the_runtime_package_never_imports_the_benchmarks_or_the_model_checker():
     for path in SRC.rglob("*.py"):
         tree = ast.parse(path.read_text())

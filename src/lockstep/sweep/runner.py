@@ -328,7 +328,13 @@ class Sweep:
             except config_lib.ConfigError as err:
                 trial.set_user_attr("error", str(err))
                 raise TrialFailed(str(err)) from None
-            scores.append(self._train(trial, j, config, run_dir))
+            try:
+                scores.append(self._train(trial, j, config, run_dir))
+            except (optuna.TrialPruned, TrialFailed, SweepInterrupted) as err:
+                state = {optuna.TrialPruned: "pruned", TrialFailed: "failed"}.get(type(err), "interrupted")
+                for done in run_dirs[:j]:  # the trial's finished runs: their trial ended in a later one
+                    _annotate(done, trial.number, state, during=run_dir.name)
+                raise
         value = objective_lib.aggregate(scores, self.spec.aggregate, self.spec.objective.maximize)
         for run_dir in run_dirs:
             _annotate(run_dir, trial.number, "complete", objective=value)
@@ -385,7 +391,7 @@ class Sweep:
                                           pruned_at={"env_steps": rows[-1]["env_steps"],
                                                      "wall_s": rows[-1]["wall_s"], "value": value})
                                 print(f"trial {trial.number}: pruned at {rows[-1]['env_steps']:,} env steps "
-                                      f"({spec.objective.metric}: {_fmt(value)})", flush=True)
+                                      f"(its objective so far {_fmt(value)})", flush=True)
                                 raise optuna.TrialPruned()
                     if self.stop.is_set():
                         _stop(proc)

@@ -35,7 +35,7 @@ from lockstep.learner.trainer import Trainer
 from lockstep.sync import ReferenceSync, Strategy
 
 T = TypeVar("T")
-log = logging.getLogger("lockstep.learner.wiring")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -46,7 +46,7 @@ from torch import nn
 
 from lockstep.learner import checkpoint
 
-log = logging.getLogger("lockstep.learner.wiring")
+log = logging.getLogger(__name__)
 
 
 SEED_STRIDE = 10_000  # rank r's envs and action noise use run seed + r * SEED_STRIDE

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from lockstep.learner.inference import PolicySnapshot
     from lockstep.learner.trainer import Trainer
 
-log = logging.getLogger("lockstep.learner.evaluation")
+log = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 30.0  # at the end of a run: the longest the learner waits for the evaluation in flight
 NICE = 10  # the evaluation process's priority below the learner's

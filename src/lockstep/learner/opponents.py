@@ -43,7 +43,7 @@ from lockstep.observe.report import Counters
 from lockstep.transport.messages import HelloInfo, StepData, check_action_mask
 from lockstep.transport.protocol import Reply
 
-log = logging.getLogger("lockstep.learner.wiring")
+log = logging.getLogger(__name__)
 
 _OPPONENT_STREAM = 1 << 40  # noise keys of opponent moves: a stream apart from every learning slot's
 

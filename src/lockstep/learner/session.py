@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from lockstep.config import SyncConfig
     from lockstep.learner.opponents import OpponentPool
 
-log = logging.getLogger("lockstep.learner.wiring")
+log = logging.getLogger(__name__)
 
 GAP_DECAY = 0.99  # per step: a slow step's weight in an actor's "slowest recent gap" halves in ~70 steps
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("lockstep.learner.wiring")
+log = logging.getLogger(__name__)
 
 
 class MissingExtra(RuntimeError):

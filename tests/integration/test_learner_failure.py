@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -106,8 +107,19 @@ def test_in_process_actors_of_a_failed_learner_stop_and_are_not_restarted(tmp_pa
     monkeypatch.setenv("FAULT_AFTER", FAULT_AFTER)
     config = learner_config({**SETTINGS, "actors.transport": "inprocess", "model.policy": faulty_policy,
                              "run.run_dir": str(tmp_path / "run")})
-    with pytest.raises(RunFailed, match=FAULT):
-        train(config, tmp_path / "run")
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            train(config, tmp_path / "run")
+        except BaseException as err:
+            raised.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)  # a learner that never stops fails the test, not hangs it
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the learner still serves 120 s later"
+    assert len(raised) == 1 and isinstance(raised[0], RunFailed) and FAULT in str(raised[0]), raised
     failures = [r for r in caplog.records if r.exc_info is not None]
     assert [r.getMessage() for r in failures] == ["serving the actors failed; the run stops"]  # once, not per actor
     assert "restarting actor" not in caplog.text and "(in process) failed" not in caplog.text

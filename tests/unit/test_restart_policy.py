@@ -9,7 +9,7 @@ import time
 import pytest
 
 from lockstep.launch.inprocess import InProcessActors
-from lockstep.launch.restart import FAILED, FINISHED, REFUSED, RestartPolicy
+from lockstep.launch.restart import FAILED, FINISHED, LEARNER_FAILED, REFUSED, RestartPolicy
 
 RAISING_ENV = '''
 import gymnasium as gym
@@ -45,8 +45,8 @@ def test_a_dead_actor_is_restarted_after_a_doubling_backoff_up_to_its_cap():
     assert policy.restarts == 4 and policy.restarts_of(0) == 4 and policy.restarts_of(1) == 0
 
 
-@pytest.mark.parametrize("code", [FINISHED, REFUSED])
-def test_an_actor_that_finished_or_was_refused_is_not_restarted(code):
+@pytest.mark.parametrize("code", [FINISHED, REFUSED, LEARNER_FAILED])
+def test_an_actor_that_finished_was_refused_or_whose_learner_failed_is_not_restarted(code):
     assert RestartPolicy(max_restarts=10).delay(0, code, f"exited with code {code}", training=True) is None
 
 

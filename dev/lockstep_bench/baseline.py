@@ -46,7 +46,7 @@ from lockstep import config as config_lib
 from lockstep import envs as envs_lib
 from lockstep.actor import EnvLoop
 from lockstep.algo import noise
-from lockstep.common.device import resolve_device
+from lockstep.learner.device import resolve_device
 from lockstep.learner.rollout import Unroll, assemble
 from lockstep.learner.trainer import Trainer
 from lockstep.observe.metrics import EpisodeTracker

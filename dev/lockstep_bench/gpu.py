@@ -295,7 +295,7 @@ def run(options: GpuOptions, out: Path) -> dict[str, Any]:
     import torch
 
     from lockstep import config as config_lib
-    from lockstep.common.device import prepare_device
+    from lockstep.learner.device import prepare_device
 
     if options.device.startswith("cuda") and not torch.cuda.is_available():
         raise config_lib.ConfigError(f"--device {options.device}: torch {torch.__version__} sees no CUDA device "

@@ -49,7 +49,7 @@ def make_config(options: ReproOptions, run_dir: Path) -> config_lib.Config:
     config = config_lib.load(options.config) if options.config else config_lib.Config()
     config.run.seed = options.seed
     config.sync.strategy = "strict"
-    config.learner.deterministic = True  # on a GPU: the same kernels and reduction orders (common/device.py)
+    config.learner.deterministic = True  # on a GPU: the same kernels and reduction orders (learner/device.py)
     config.sync.phase_cutoff = None
     config.run.time_limit_s = None
     config.ppo.total_steps = options.iterations * config.batch_size

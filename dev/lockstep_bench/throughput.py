@@ -94,7 +94,7 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in [
                     "ppo.epochs": 4, "ppo.minibatches": 4},
         MODES, steps_full=1_081_344, steps_quick=147_456),
     BenchConfig(
-        "pendulum-scaled", "Pendulum-v1 (src/lockstep/presets/pendulum.yaml): 4 actors x 16 envs, T=64, 4 epochs x 4 minibatches",
+        "pendulum-scaled", "Pendulum-v1 (the pendulum preset): 4 actors x 16 envs, T=64, 4 epochs x 4 minibatches",
         _PENDULUM, {"actors.count": 4, "actors.envs_per_actor": 16, "ppo.steps_per_env": 64,
                     "ppo.epochs": 4, "ppo.minibatches": 4},
         MODES, steps_full=499_712, steps_quick=65_536),
@@ -103,7 +103,7 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in [
         _CARTPOLE, {"actors.count": 4, "actors.envs_per_actor": 128, "ppo.steps_per_env": 32},
         ("baseline", "collect"), steps_full=2_392_064, steps_quick=327_680, baseline_collect_only=True),
     BenchConfig(
-        "atari-breakout", "Breakout (src/lockstep/presets/breakout.yaml: 84x84x4 uint8 frames, Nature CNN): 2 actors x 4 envs, "
+        "atari-breakout", "Breakout (the breakout preset: 84x84x4 uint8 frames, Nature CNN): 2 actors x 4 envs, "
                           "T=32, 4 epochs x 4 minibatches",
         _preset("breakout"), {"ppo.steps_per_env": 32}, ("baseline", "collect", "strict"),
         steps_full=8 * 32 * 16, steps_quick=8 * 32 * 2),

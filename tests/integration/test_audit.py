@@ -46,7 +46,7 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory) -> Path:
     """Strict CartPole, 2 actors x 2 envs x 128 steps: 4 iterations of 512 samples."""
-    return _train("src/lockstep/presets/cartpole-cleanrl.yaml", tmp_path_factory.mktemp("cartpole") / "run",
+    return _train("cartpole-cleanrl", tmp_path_factory.mktemp("cartpole") / "run",
                   **{"ppo.total_steps": 2048})
 
 
@@ -137,7 +137,7 @@ def test_differences_in_in_place_runs_are_reported_without_failing(cartpole_run,
 
 
 def test_continuous_actions_with_observation_normalization(tmp_path):
-    run = _train("src/lockstep/presets/pendulum.yaml", tmp_path / "run", **{
+    run = _train("pendulum", tmp_path / "run", **{
         "actors.count": 1, "actors.envs_per_actor": 4, "ppo.steps_per_env": 256, "ppo.total_steps": 2048,
         "env.normalize_obs": True,
     })

@@ -102,11 +102,11 @@ def test_baseline_computes_what_a_one_actor_strict_learner_computes(tmp_path):
 
 
 @pytest.mark.parametrize("name, path, changes", [
-    ("cartpole-cleanrl", "src/lockstep/presets/cartpole-cleanrl.yaml", {}),
-    ("pendulum-scaled", "src/lockstep/presets/pendulum.yaml", {"actors.count": 4, "actors.envs_per_actor": 16,
-                                                  "ppo.steps_per_env": 64, "ppo.epochs": 4, "ppo.minibatches": 4}),
-    ("atari-breakout", "src/lockstep/presets/breakout.yaml", {"ppo.steps_per_env": 32}),
-    ("atari-breakout-envpool", "src/lockstep/presets/breakout.yaml", {"ppo.steps_per_env": 32, "env.id": "envpool:Breakout-v5"}),
+    ("cartpole-cleanrl", "cartpole-cleanrl", {}),
+    ("pendulum-scaled", "pendulum", {"actors.count": 4, "actors.envs_per_actor": 16,
+                                     "ppo.steps_per_env": 64, "ppo.epochs": 4, "ppo.minibatches": 4}),
+    ("atari-breakout", "breakout", {"ppo.steps_per_env": 32}),
+    ("atari-breakout-envpool", "breakout", {"ppo.steps_per_env": 32, "env.id": "envpool:Breakout-v5"}),
 ])
 def test_bench_configs_are_the_repository_configs_with_the_stated_changes(name, path, changes):
     built = throughput.build_config(throughput.CONFIGS[name], 4096, 10.0, "cpu")

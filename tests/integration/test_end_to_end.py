@@ -24,7 +24,7 @@ def _config(path: str, tmp_path, **overrides) -> config_lib.Config:
 
 
 def test_cartpole_reaches_195_within_a_short_budget(tmp_path):
-    config = _config("src/lockstep/presets/cartpole-cleanrl.yaml", tmp_path, **{
+    config = _config("cartpole-cleanrl", tmp_path, **{
         "actors.count": 2, "actors.envs_per_actor": 4, "ppo.steps_per_env": 32, "ppo.lr": 1e-3,
         "ppo.total_steps": 60_000, "run.stop_at_return": 195,
     })
@@ -38,7 +38,7 @@ def test_cartpole_reaches_195_within_a_short_budget(tmp_path):
 
 
 def test_pendulum_improves_its_return_over_the_first_iterations(tmp_path):
-    config = _config("src/lockstep/presets/pendulum.yaml", tmp_path, **{"ppo.total_steps": 36_000})
+    config = _config("pendulum", tmp_path, **{"ppo.total_steps": 36_000})
     summary = train(config, tmp_path / "run")
     rows = RunDir(tmp_path / "run").metrics()
     first = float(rows[1]["episode_return_mean"])  # a random Gaussian policy: about -1200
@@ -48,7 +48,7 @@ def test_pendulum_improves_its_return_over_the_first_iterations(tmp_path):
 
 
 def test_run_directory_has_every_file_other_tools_read(tmp_path):
-    config = _config("src/lockstep/presets/cartpole-cleanrl.yaml", tmp_path, **{"ppo.total_steps": 2048, "run.checkpoint_every": 2})
+    config = _config("cartpole-cleanrl", tmp_path, **{"ppo.total_steps": 2048, "run.checkpoint_every": 2})
     train(config, tmp_path / "run")
     run = tmp_path / "run"
     resolved = config_lib.load(run / "config.yaml")

@@ -98,7 +98,7 @@ def test_learner_killed_and_resumed_continues_iteration_version_and_metrics(tmp_
     run_dir = tmp_path / "run"
     args = ["--total-steps", str(512 * 14), "--no-progress"]
     first = subprocess.Popen(
-        [*lockstep_cmd(), "train", "--config", "src/lockstep/presets/cartpole-cleanrl.yaml", "--run-dir", str(run_dir),
+        [*lockstep_cmd(), "train", "--config", "cartpole-cleanrl", "--run-dir", str(run_dir),
          "--checkpoint-every", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

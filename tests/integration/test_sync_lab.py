@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def _config(tmp_path, strategy: str, **overrides) -> config_lib.Config:
-    config = config_lib.load("src/lockstep/presets/cartpole-cleanrl.yaml")
+    config = config_lib.load("cartpole-cleanrl")
     config.sync.strategy = strategy
     config.run.progress = False
     config.run.run_dir = str(tmp_path / "run")

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lockstep.common import device as device_lib
-from lockstep.common.device import prepare_device, resolve_device
 from lockstep.config import ConfigError
+from lockstep.learner import device as device_lib
+from lockstep.learner.device import prepare_device, resolve_device
 from lockstep.learner.distributed import Ranks
 
 

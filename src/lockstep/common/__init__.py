@@ -1,1 +1,1 @@
-"""Plumbing shared by both sides: atomic file writes, backoff, the torch device."""
+"""Plumbing shared by every package: atomic file writes, backoff, trees of arrays, a process's parent."""

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from lockstep.actor import ActorOptions
-from lockstep.common.device import resolve_device
 from lockstep.config import Config
 from lockstep.launch import Launcher
 from lockstep.launch.inprocess import InProcessActors
 from lockstep.launch.processes import ActorProcesses
 from lockstep.launch.ray import RayActors
 from lockstep.launch.restart import RestartPolicy
+from lockstep.learner.device import resolve_device
 from lockstep.learner.distributed import Ranks, ranks_run
 from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.wiring import Learner

@@ -27,7 +27,7 @@ version is published (the gate's ``close_empty``) and it trains on an empty batc
 so the others do not wait for it; actors that join again collect in the next phase. A rank that has
 never had an actor keeps waiting for its first phase, and so does every other rank at its first
 update; the stall watchdog logs which rank's actors are missing. ``gloo`` on the CPU, ``nccl`` on GPUs: one
-GPU per rank, ``cuda:LOCAL_RANK`` (``common.device.resolve_device``), made the current device before the
+GPU per rank, ``cuda:LOCAL_RANK`` (``learner.device.resolve_device``), made the current device before the
 process group starts.
 """
 

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 # The standard library only, here and in what this imports: the evaluation process loads this module before
 # ``serve`` ties it to the learner; numpy, torch and the env packages load after, inside the functions.
-from lockstep.launch.actor_process import die_with_parent
+from lockstep.common.process import die_with_parent
 
 if TYPE_CHECKING:
     from lockstep.config import Config

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from lockstep import sync
-from lockstep.common.device import prepare_device
 from lockstep.config import Config
 from lockstep.config import save as save_config
 from lockstep.envs import env_spec
@@ -35,6 +34,7 @@ from lockstep.learner import RunFailed, event_loop, opponents
 from lockstep.learner.audit_trail import AuditWriter
 from lockstep.learner.backends import make_backend
 from lockstep.learner.checkpoint import Checkpointer
+from lockstep.learner.device import prepare_device
 from lockstep.learner.distributed import Ranks
 from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.rollout import PhaseStore, TrainingPhase

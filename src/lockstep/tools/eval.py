@@ -41,7 +41,6 @@ import torch
 from lockstep import config as config_lib
 from lockstep.algo import noise
 from lockstep.algo.normalize import ObsNormalizer, as_tensors, stored_moments
-from lockstep.common.device import prepare_device
 from lockstep.common.files import atomic_write
 from lockstep.envs import (
     SpaceSpec,
@@ -54,6 +53,7 @@ from lockstep.envs import (
     with_action_mask,
 )
 from lockstep.learner import checkpoint as checkpoint_lib
+from lockstep.learner.device import prepare_device
 from lockstep.learner.inference import act
 from lockstep.models import Policy
 from lockstep.observe.run_dir import NotARunDir, RunDir

@@ -9,8 +9,8 @@ with several ranks per node.
 ``prepare_device`` also sets what a CUDA learner computes with (docs/performance.md, "On a GPU"):
 
 * float32, never TF32, for matmuls and convolutions (cuDNN's default is TF32, 10 bits of mantissa):
-  the audit recomputes every log-prob on the CPU in float32 and allows 1e-5, which a TF32 forward
-  pass of a CNN or an LSTM exceeds;
+  the audit recomputes every log-prob on the CPU in float32 within float32's rounding of its terms,
+  which a TF32 forward pass of a CNN or an LSTM exceeds;
 * with ``deterministic`` (``learner.deterministic``, what ``bench repro`` sets), the same kernels and
   reduction orders on every run: ``cudnn.deterministic``, no cuDNN autotuning, cuBLAS's fixed workspace
   (``CUBLAS_WORKSPACE_CONFIG``, read when cuBLAS starts, so set before any CUDA work) and

@@ -167,3 +167,16 @@ def test_an_actor_stops_after_its_learner_failed_three_times_and_says_why(runnin
     told = [line for line in out.splitlines() if f"the learner failed: RuntimeError: {FAULT}" in line]
     assert len(told) == LEARNER_FAILURES, out
     assert "giving up" in told[-1] and "failed 3 times without an action in between" in told[-1], out
+
+
+def test_a_watchdog_that_raises_ends_the_run_with_its_error(running_learner, monkeypatch):
+    from lockstep.learner.session import Sessions
+
+    def evict_late(self, rule) -> None:  # what a fault in the step deadline's bookkeeping would raise
+        raise RuntimeError("injected fault in the watchdog")
+
+    monkeypatch.setattr(Sessions, "evict_late", evict_late)
+    learner = running_learner({"sync.stall_s": 0.2})  # the watchdog looks every 0.1 s
+    with pytest.raises(RunFailed, match="injected fault in the watchdog"):
+        learner.wait_finished(timeout=30)
+    assert "injected fault in the watchdog" in learner.run.summary()["error"]

@@ -229,6 +229,13 @@ class Sessions:
         return dropped
 
     async def watchdog(self, config: SyncConfig) -> None:
+        """``watch`` until serving ends; an exception of its own is a learner failure (``fail``), not silence."""
+        try:
+            await self.watch(config)
+        except Exception as err:
+            self.fail(err, "the watchdog")
+
+    async def watch(self, config: SyncConfig) -> None:
         """Log, once per phase, which actors a phase waits for when it collects for longer than
         ``config.stall_s``; evict those that owe their next step for longer than their step deadline."""
         stall_s, rule = config.stall_s, StepDeadline.of(config)

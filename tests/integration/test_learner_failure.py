@@ -1,7 +1,8 @@
 """An exception in the learner's own code (here its forward pass) ends the run once, with that error (issue 34,
 item 8): ``lockstep train`` exits 1 showing the error a few times, not in an endless reconnect loop; its books
 end at the last iteration it completed; and an actor told by its learner that it failed (INTERNAL) stops
-after ``LEARNER_FAILURES`` such answers instead of reconnecting for ever.
+after ``LEARNER_FAILURES`` such answers instead of reconnecting for ever. A watchdog that raises ends the run
+the same way.
 
 The fault is a real user's: a policy (``model.policy``) whose forward pass raises once it has answered a few
 requests, as a bug in a network, a kernel or the observation statistics would.

@@ -11,7 +11,7 @@ from lockstep_bench.scale_client import step_messages
 
 from lockstep.cli import build_parser
 from lockstep.envs import env_spec
-from lockstep.observe.report import ReleaseLatency
+from lockstep.observe.counters import ReleaseLatency
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.messages import step_from_proto
 

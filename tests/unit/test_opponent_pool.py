@@ -12,7 +12,7 @@ from lockstep.envs.spaces import to_records
 from lockstep.learner.inference import PolicySnapshot
 from lockstep.learner.opponents import OpponentPool, RandomMoves
 from lockstep.models import build_policy
-from lockstep.observe.report import Counters
+from lockstep.observe.counters import Counters
 
 TURNS = "pettingzoo:lockstep.envs.turns"
 

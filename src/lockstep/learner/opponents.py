@@ -39,7 +39,7 @@ from lockstep.config import Config, SelfPlayConfig
 from lockstep.envs import EnvSpec, SpaceSpec, selfplay
 from lockstep.learner.backends import InferenceBackend
 from lockstep.learner.inference import PolicySnapshot
-from lockstep.observe.report import Counters
+from lockstep.observe.counters import Counters
 from lockstep.transport.messages import HelloInfo, StepData, check_action_mask
 from lockstep.transport.protocol import Reply
 

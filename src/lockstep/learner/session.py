@@ -58,8 +58,8 @@ from lockstep.learner import RunFailed
 from lockstep.learner.backends import InferenceBackend
 from lockstep.learner.rollout import PhaseStore, Unroll
 from lockstep.learner.teams import TeamReturns
+from lockstep.observe.counters import Clock, Counters, ReleaseLatency
 from lockstep.observe.metrics import EpisodeTracker
-from lockstep.observe.report import Clock, Counters, ReleaseLatency
 from lockstep.sync import Admission, AdmissionGate
 from lockstep.transport import PROTOCOL
 from lockstep.transport.messages import OPPONENT, HelloInfo, StepData, check_action_mask

@@ -37,11 +37,12 @@ from lockstep.learner.checkpoint import Checkpointer
 from lockstep.learner.device import prepare_device
 from lockstep.learner.distributed import Ranks
 from lockstep.learner.parts import DEFAULT_PARTS, Parts
+from lockstep.learner.report import Report
 from lockstep.learner.rollout import PhaseStore, TrainingPhase
 from lockstep.learner.session import Sessions
+from lockstep.observe.counters import Clock
 from lockstep.observe.metrics import EpisodeTracker
 from lockstep.observe.progress import Status
-from lockstep.observe.report import Clock, Report
 from lockstep.transport.grpc import security
 from lockstep.transport.grpc.server import LearnerServer
 from lockstep.transport.messages import StepBounds

@@ -175,6 +175,17 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def cmd_bench_spaces(args: argparse.Namespace) -> int:
+    from lockstep_bench import spaces
+
+    out = Path(args.out)
+    report = spaces.run(args.examples, out, seed=args.seed, multi_agent_share=args.multi_agent_share,
+                        timeout_s=args.timeout_s)
+    print((out / "spaces.md").read_text())
+    print(f"wrote {out / 'spaces.md'} and {out / 'spaces.json'}")
+    return 1 if report["failed"] else 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``bench`` command and its subcommands, under the main parser's ``sub``."""
     bench = sub.add_parser("bench", help="benchmarks; each writes a table and JSON to --out")
@@ -292,3 +303,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help="small sizes (the CPU check of the suite)")
     p.set_defaults(func=cmd_bench_gpu)
+
+    p = bench_sub.add_parser("spaces", help="generated observation and action spaces (masks, normalization, both "
+                                            "inference kernels, PettingZoo slots): each trained, audited, evaluated")
+    p.add_argument("--examples", type=int, default=200, help="examples to draw and run")
+    p.add_argument("--out", default="bench-results/spaces", help="folder for spaces.md and spaces.json")
+    p.add_argument("--seed", type=int, default=0, help="the draws' seed (the same seed draws the same examples)")
+    p.add_argument("--multi-agent-share", type=float, default=0.25,
+                   help="the share of examples that are PettingZoo slots whose agents leave early")
+    p.add_argument("--timeout-s", type=float, default=120.0, help="an example still running then has failed")
+    p.set_defaults(func=cmd_bench_spaces)

@@ -179,8 +179,8 @@ class LearnerConfig:
                                             "install 'lockstep[fast]'); auto: uvloop where it is installed")
     inference_kernel: InferenceKernel = setting(
         "auto", "what runs the forward pass and sampling of each policy version: auto (the built-in MLP policy on "
-                "the CPU at small batches in numpy, ~4.7x faster than torch at batch 1 (38 vs 179 us), the same "
-                "numbers to float32 rounding; torch elsewhere) or torch (always)")
+                "the CPU at small batches in numpy, without torch's per-op dispatch, the same numbers to float32 "
+                "rounding; torch elsewhere; docs/performance.md measures both) or torch (always)")
     deterministic: bool = setting(False, "on a GPU, the same kernels and reduction orders on every run (cuDNN's "
                                          "deterministic algorithms, cuBLAS's fixed workspace): bitwise repeats, "
                                          "at some speed; the CPU is deterministic anyway")

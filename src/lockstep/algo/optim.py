@@ -5,8 +5,8 @@ networks of PPO, in Python: grouping the tensors by device and dtype, walking th
 parameters, the optimizer's hooks and profiler records. ``GradientStep`` binds the lists of tensors once
 per update and calls the kernels those functions end in (``_foreach_zero_``, ``_foreach_norm``,
 ``_foreach_mul_``, ``_fused_adam_``) directly, in the same order with the same arguments: the same bits
-(``tests/unit/test_optim.py``), in 1.7 ms instead of 2.7 ms per gradient step of Hopper's 64x64 networks at
-64 samples, one thread.
+(``tests/unit/test_optim.py``) without that Python (docs/benchmarks/2026-12-03-optimizer-and-env-loop.md
+measures the difference).
 
 Where that equivalence is not plain (an optimizer other than fused Adam with one parameter group and
 default options, parameters on several devices or of several dtypes), the step goes through

@@ -51,7 +51,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
 
     On the CPU the recursion runs in numpy over the tensors' memory (``_gae_host``): the same operations
     in the same order and precision, so the same bits, without the overhead of T rounds of small torch
-    calls (2,048 steps of one slot: 81 ms -> 15 ms).
+    calls (docs/benchmarks/2026-12-02-peers-cleanrl.md measures it).
     """
     if rewards.device.type == "cpu":
         return _gae_host(rewards, values, next_values, continues, gamma, lam)

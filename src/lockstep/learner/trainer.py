@@ -125,9 +125,9 @@ def bootstrap(batch: Batch, values: torch.Tensor,
 
 def adam(params: list[torch.nn.Parameter], lr: float, eps: float) -> torch.optim.Adam:
     """Adam, with its step fused into one kernel where this torch has one for the parameters' device
-    (CPU from torch 2.4, CUDA): the same update as the loop over parameters, rounded differently, in a
-    quarter of its time for small policies (252 -> 58 us a step for CartPole's), whose cost in that
-    loop is per-tensor overhead."""
+    (CPU from torch 2.4, CUDA): the same update as the loop over parameters, rounded differently, without
+    the loop's per-tensor overhead, which is most of a step's cost for small policies
+    (docs/benchmarks/2026-12-02-what-was-optimized.md measures it)."""
     try:
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
     except (RuntimeError, TypeError):  # an older torch, or a device without the fused kernel

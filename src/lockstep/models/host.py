@@ -1,9 +1,9 @@
 """The built-in MLP policy's sampling step in numpy: inference at small batches on the CPU.
 
 A step of CleanRL's 64x64 ``ActorCritic`` in torch is ~25 small operations (six linear layers, four
-activations, the normalization, the noise and the head's sampling), each paying torch's dispatch: ~125 us
-per pass at batch 1 on these 2-core machines, against ~20 us for the same arithmetic on numpy arrays.
-A one-env preset (Hopper, HalfCheetah) pays that pass at every env step.
+activations, the normalization, the noise and the head's sampling), each paying torch's dispatch, which at
+batch 1 costs more than the arithmetic itself; a one-env preset (Hopper, HalfCheetah) pays that pass at
+every env step. docs/performance.md ("The numpy step") measures both kernels.
 
 ``HostStep`` is that arithmetic: ``ObsNormalizer``, the MLPs of ``networks.mlp``, ``Policy.sample_head``
 (Gumbel-max for a Discrete action, Box-Muller for a Box) and ``policy._gaussian``, in the same order and in

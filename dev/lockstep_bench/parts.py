@@ -35,7 +35,7 @@ PARTS = (
     ("lockstep.learner.inference", "Batcher", "infer"),
     ("lockstep.learner.inference", "PolicySnapshot", "step"),
     ("lockstep.actor", "EnvLoop", "step"),  # in-process actors only: the env runs on the learner's thread
-    ("lockstep.transport.inprocess", None, "check_step"),
+    ("lockstep.actor.inprocess", None, "check_step"),
     ("lockstep.transport.shm.server", "ShmFraming", "decode"),
     ("lockstep.transport.shm.server", None, "check_step"),
     ("lockstep.transport.shm.server", "ShmFraming", "reply"),

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from protocol import hello
 
+from lockstep.actor.inprocess import serve_env_loop
 from lockstep.transport.grpc.client import Connection, LearnerRefused
-from lockstep.transport.inprocess import serve_env_loop
 from lockstep.transport.messages import StepData
 from lockstep.transport.protocol import RefusalLog, Refused
 from lockstep.transport.shm.client import LocalConnection

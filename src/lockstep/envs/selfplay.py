@@ -19,7 +19,7 @@ and which slots wait [k] bool; the actions of the other slots are ignored. The a
 connection to the learner (which plays the opponents' snapshots, ``learner.opponents``); the default plays
 uniformly random legal moves. ``stepping`` and ``resetting`` are the same moves as generators that yield
 each request and take the actions back, so that an event loop can await the opponent
-(``transport.inprocess``). No torch here: the actor steps these envs.
+(``actor.inprocess``). No torch here: the actor steps these envs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 processes   actor processes on this host, spawned and restarted here (``launch/processes.py``)
 inprocess   env loops as tasks on the learner's event loop, ``actors.transport: inprocess``
-            (``launch/inprocess.py``; the transport itself: ``transport/inprocess.py``)
+            (``launch/inprocess.py``; the transport itself: ``actor/inprocess.py``)
 ray         Ray actors, placed and restarted by Ray (``launch/ray.py``; the code inside each actor:
             ``launch/ray_actor.py``, which imports no torch), ``actors.launcher: ray``
 

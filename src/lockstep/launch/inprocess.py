@@ -1,4 +1,4 @@
-"""In-process actors: each actor's env loop a task on the learner's event loop (``transport.inprocess``),
+"""In-process actors: each actor's env loop a task on the learner's event loop (``actor.inprocess``),
 started through ``Learner.run_on_loop`` and restarted as the ``RestartPolicy`` says when its env raises.
 
 A failed env loop ends its session like a dead actor process (its unfinished unroll is dropped and
@@ -12,8 +12,8 @@ import concurrent.futures
 import logging
 from typing import TYPE_CHECKING
 
+from lockstep.actor.inprocess import serve_env_loop
 from lockstep.launch.restart import FAILED, FINISHED, LEARNER_FAILED, REFUSED, RestartPolicy, Supervisor
-from lockstep.transport.inprocess import serve_env_loop
 from lockstep.transport.protocol import INTERNAL, RefusalLog, Refused
 
 if TYPE_CHECKING:

@@ -158,3 +158,25 @@ def test_agents_with_a_tuple_observation_holding_a_dict_leave_with_a_placeholder
     inactive = obs[ACTIVE_LEAF][:, 0] == 0
     assert inactive.sum() == 4 and not cue[inactive].any() and not bit["bit"][inactive].any()
     assert cue.shape == (6, 3) and bit["bit"].shape == (6,)
+
+
+@pytest.mark.parametrize("action", [{"dict": {"go": {"discrete": 3}, "dial": {"box": [2]}}},
+                                    {"tuple": [{"multi_binary": 2}, {"discrete": 4}]}])
+def test_each_agent_gets_its_own_row_of_every_part_of_a_dict_or_tuple_action(action):
+    kwargs = {"observation": {"box": [2]}, "action": action, "agents": 3}
+    vec = envs.make_vector_env("pettingzoo:lockstep.envs.generated", 2, kwargs)
+    spec = envs.env_spec("pettingzoo:lockstep.envs.generated", kwargs=kwargs).action
+    vec.reset(seed=0)
+    handed = []
+    for env in vec.envs:  # what each env's agents are handed
+        step = env.step
+        env.step = lambda actions, step=step: (handed.append(actions), step(actions))[1]
+    flat = np.stack([(np.arange(spec.element_shape[0]) + slot) % 2 for slot in range(6)])  # [6 slots, entries]
+    parts = envs.env_actions(flat.astype(spec.action_dtype), spec)
+    vec.step(parts)
+    assert len(handed) == 2
+    keys = list(parts) if isinstance(parts, dict) else range(len(parts))
+    for e, agents in enumerate(handed):
+        for i, agent in enumerate(vec.agents):
+            for key in keys:
+                assert np.array_equal(agents[agent][key], parts[key][e * 3 + i]), (agent, key)

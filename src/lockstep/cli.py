@@ -236,8 +236,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from lockstep.tools import eval as evaluation
 
-    return evaluation.main(Path(args.run_dir), args.episodes, args.deterministic, args.seed, args.device,
-                           args.checkpoint, args.video, args.out, args.opponent)
+    return evaluation.main(Path(args.run_dir), episodes=args.episodes, deterministic=args.deterministic,
+                           seed=args.seed, device=args.device, checkpoint=args.checkpoint, video=args.video,
+                           out=args.out, opponent=args.opponent)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -71,7 +71,7 @@ def test_self_play_learns_to_beat_a_random_opponent_and_eval_reports_the_win_rat
         assert 2 * win - 1 - 1e-9 <= mean <= win + 1e-9, row
         assert 0 <= float(row["eval_win_rate_oldest"]) <= 1  # the pool holds version 0 from the start
         assert int(row["eval_oldest_version"]) % 2 == 0 and int(row["eval_oldest_version"]) < int(row["eval_iteration"])
-    assert evaluation.main(run_dir, 200, False, 0, "cpu", None, None, None, "random") == 0
+    assert evaluation.main(run_dir, episodes=200, opponent="random") == 0
     out = capsys.readouterr().out
     assert "against random: win_rate" in out
     report = evaluation.evaluate(run_dir, episodes=200, opponent="random")

@@ -19,8 +19,8 @@ from lockstep.envs import env_spec, make_env, stack_records
 from lockstep.learner.trainer import Trainer
 from lockstep.models import ActorCritic, LeafActorCritic, TorsoActorCritic, build_policy
 from lockstep.models.encoders import LeafEncoders
+from lockstep.models.load import PolicyMismatch, load_policy
 from lockstep.models.networks import mlp_torso
-from lockstep.tools.policy import PolicyMismatch, load_policy
 
 FLAT = env_spec("CartPole-v1")
 SPLIT = env_spec("lockstep.envs.tasks:SplitCartPole")

@@ -18,7 +18,7 @@ of the learner, because
   so on a 2-core machine the learner and the actors get the cores first and evaluation takes what
   they leave. It dies with the learner (``PR_SET_PDEATHSIG``, as local actors do).
 
-How it plays: ``tools.eval``'s episode loop (``play``), the one ``lockstep eval`` uses: one env made as
+How it plays: ``learner.episodes``' episode loop (``play``), the one ``lockstep eval`` uses: one env made as
 ``lockstep eval`` makes it (``training=False``: Atari's raw scores), the mode of the policy with
 ``run.eval_deterministic`` (else actions sampled from counter-based noise of the evaluation seed).
 Each evaluation makes a fresh env and resets it with the same seed, so every version plays from the same
@@ -261,16 +261,16 @@ class _Evaluation:
 
     def __init__(self, run_dir: Path, seed: int, episodes: int, deterministic: bool, best: float) -> None:
         from lockstep.envs.selfplay import is_game
-        from lockstep.tools import eval as evaluation
+        from lockstep.learner.episodes import load_config
 
         self.run_dir, self.seed, self.episodes, self.deterministic = run_dir, seed, episodes, deterministic
         self.best = best  # the mean return a new best.pt must beat
-        self.config = evaluation.load_config(run_dir)
+        self.config = load_config(run_dir)
         self.video = True  # until a video could not be made
         self.game = is_game(self.config.env.id)  # games are played against random moves and the oldest member
 
     def evaluate(self, request: dict[str, Any]) -> EvalResult:
-        from lockstep.tools.eval import EvalError, outcomes
+        from lockstep.learner.episodes import EvalError, outcomes
 
         start = time.perf_counter()
         result = EvalResult(request["iteration"], request["env_steps"], request["version"], [], [], 0.0)
@@ -308,7 +308,7 @@ class _Evaluation:
 
         from lockstep.algo.normalize import stored_moments
         from lockstep.envs.selfplay import RandomOpponent
-        from lockstep.tools.eval import ModelOpponent, env_specs, make, play
+        from lockstep.learner.episodes import ModelOpponent, env_specs, make, play
 
         env = make(self.config.env.id, video is not None, self.config.env.kwargs)
         try:
@@ -329,7 +329,7 @@ class _Evaluation:
     def _policy(self, specs, parameters: dict[str, Any], mean, var, name: str):
         import torch
 
-        from lockstep.tools.policy import load_policy
+        from lockstep.models.load import load_policy
 
         return load_policy(self.config, *specs, {k: torch.from_numpy(v) for k, v in parameters.items()}, mean, var,
                            torch.device("cpu"), name)

@@ -27,8 +27,8 @@ from lockstep.envs import EnvSpec, env_spec
 from lockstep.envs.spaces import ACTIVE_LEAF
 from lockstep.learner import checkpoint
 from lockstep.models import Policy, build_policy
+from lockstep.models.load import PolicyMismatch, load_policy
 from lockstep.observe.run_dir import RunDir
-from lockstep.tools.policy import PolicyMismatch, load_policy
 
 RELATIVE = 32 * float(np.finfo(np.float32).eps)  # of the terms' magnitude (module docstring): 3.8e-6
 
@@ -41,10 +41,10 @@ class AuditError(RuntimeError):
 class IterationAudit:
     """What recomputing one iteration's behaviour log-probs found, and the rules it is judged by.
 
-    The rules come from the synchronization registry (``lockstep.sync.strategy``): ``max_lag``
+    The rules come from the synchronization registry (``lockstep.sync.recorded``): ``max_lag``
     bounds trained_by - version for every sample (0 for strict, K for pipelined, None: unbounded),
     and ``snapshots`` says whether samples were produced by immutable versions (strict, pipelined)
-    or by a model updated in place (the reference strategies).
+    or by a model updated in place (the reference designs that ``lockstep bench sync`` runs).
     """
 
     iteration: int
@@ -239,7 +239,7 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
         result.problems.append(f"{path.name} is unreadable: {err}")
         return result
     try:
-        rules = sync.strategy(result.strategy, max_lag)
+        rules = sync.recorded(result.strategy, max_lag)
         result.max_lag, result.snapshots = rules.max_lag, rules.snapshots
     except ValueError as err:  # the samples are still checked, under the strictest rules
         result.problems.append(f"{path.name} names a strategy the audit cannot judge: {err}")

@@ -1,4 +1,5 @@
-"""A trained policy rebuilt from a run's files: the one way ``lockstep eval`` and ``lockstep audit`` load one.
+"""A trained policy rebuilt from stored parameters: the one way ``lockstep eval``, ``lockstep audit`` and evaluation
+while training load one.
 
 The network is the one the run's config names (``models.build_policy``, a user's ``model.policy``
 factory included), with the stored parameters, frozen, beside the observation normalizer the

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from lockstep import config as config_lib
-from lockstep.sync import NAMES
+from lockstep.sync import NAMES, REFERENCE_DESIGNS
 from lockstep_bench.suites import SUITES
 from lockstep_bench.throughput import CONFIGS as THROUGHPUT_CONFIGS
 
@@ -195,7 +195,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a small workload, under two minutes")
     p.add_argument("--adversarial", action="store_true",
                    help="random delays in inference, training and guards; more actors than inference threads")
-    p.add_argument("--strategies", nargs="+", choices=NAMES, help="subset to run (default: all)")
+    p.add_argument("--strategies", nargs="+", choices=[*NAMES, *REFERENCE_DESIGNS],
+                   help="subset to run (default: all)")
     p.add_argument("--env")
     p.add_argument("--actors", type=int)
     p.add_argument("--envs-per-actor", type=int)

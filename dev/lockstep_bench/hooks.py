@@ -1,5 +1,6 @@
 """What the benchmarks put into the learner from outside (``learner.parts``): adversarial delays wrapped
-around the inference backend, and a trainer that checks and counts batches without training on them.
+around the inference backend, a trainer that checks and counts batches without training on them, and the
+reference synchronization designs (``lockstep_bench.reference``) as the backend and the strategy the run records.
 
 Adversarial delays (``--jitter-ms``) fall where a real scheduler could preempt a thread:
 
@@ -23,10 +24,11 @@ from typing import Any
 import torch
 
 from lockstep.algo import ppo
-from lockstep.learner.backends import InferenceBackend, InferenceStats
+from lockstep.learner.backends import InferenceBackend, InferenceStats, SnapshotBackend
 from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.rollout import Batch
 from lockstep.learner.trainer import Trainer, TrainStats
+from lockstep_bench import reference
 from lockstep_bench.runs import Knobs
 
 
@@ -60,9 +62,9 @@ class JitteredBackend:
     def __init__(self, inner: InferenceBackend, trainer: Trainer, jitter: Jitter) -> None:
         self._inner, self._jitter = inner, jitter
         self.state_size = inner.state_size
-        reference = getattr(inner, "reference", None)  # an in-place backend's strategy
-        if reference is not None:
-            reference.pause = jitter
+        design = getattr(inner, "reference", None)  # an in-place backend's design
+        if design is not None:
+            design.pause = jitter
             actor = getattr(trainer.model, "actor", None)  # in-place backends serve the trainer's own model
             if actor is not None:
                 actor.register_forward_hook(self._between_networks)
@@ -120,4 +122,6 @@ def parts(knobs: Knobs) -> Parts:
         return JitteredBackend(backend, trainer, Jitter(knobs.jitter_ms, trainer.config.run.seed))
 
     return Parts(trainer=CollectOnlyTrainer if knobs.collect_only else Trainer,
+                 backend=reference.backend(knobs.design, knobs.inference_threads) if knobs.design else SnapshotBackend,
+                 strategy=reference.strategy(knobs.design) if knobs.design else None,
                  wrap_backend=wrap if knobs.jitter_ms else None)

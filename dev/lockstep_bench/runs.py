@@ -50,10 +50,13 @@ class Knobs:
 
     jitter_ms: float = 0.0  # adversarial delays up to this in inference, training, publishing and guards
     collect_only: bool = False  # check and count every batch, never update the policy
+    design: str = ""  # a reference synchronization design (``lockstep_bench.reference``) instead of sync.strategy's
+    inference_threads: int = 2  # with ``design``: the threads that run its forward passes
 
     def flags(self) -> list[str]:
         return ([f"--jitter-ms={self.jitter_ms:g}"] if self.jitter_ms else []) + (
-            ["--collect-only"] if self.collect_only else [])
+            ["--collect-only"] if self.collect_only else []) + (
+            [f"--design={self.design}", f"--inference-threads={self.inference_threads}"] if self.design else [])
 
 
 NO_KNOBS = Knobs()

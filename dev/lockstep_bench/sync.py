@@ -1,8 +1,10 @@
 """``lockstep bench sync``: the same workload once per synchronization strategy, in one invocation.
 
 Every strategy runs the real learner, real actor processes over loopback gRPC and
-real PPO; only ``sync.strategy`` differs. A per-strategy time limit keeps the
-strategies that spin from taking the whole benchmark; a row that hit it says so.
+real PPO; only the synchronization differs: ``sync.strategy`` (strict, pipelined), or a
+reference design put into the learner as its parts (``lockstep_bench.reference``). A
+per-strategy time limit keeps the designs that spin from taking the whole benchmark; a
+row that hit it says so.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lockstep import config as config_lib
-from lockstep.sync import NAMES
-from lockstep_bench import cell, hooks
+from lockstep_bench import cell, hooks, reference
 from lockstep_bench.runs import Knobs
 
 log = logging.getLogger("lockstep_bench")
@@ -39,10 +40,14 @@ class Workload:
     jitter_ms: float = 2.0  # adversarial delays, up to this, in inference, training and the strategies' guards
     inference_threads: int = 2  # adversarial: fewer than actors
 
-    @property
-    def knobs(self) -> Knobs:
-        """The learner's benchmark parts: adversarial delays, or none."""
-        return Knobs(jitter_ms=self.jitter_ms if self.adversarial else 0.0)
+    def knobs(self, strategy: str) -> Knobs:
+        """The learner's benchmark parts for ``strategy``: adversarial delays, or none; a reference design and
+        the threads of its forward passes."""
+        if strategy not in reference.DESIGNS:
+            return Knobs(jitter_ms=self.jitter_ms if self.adversarial else 0.0)
+        threads = min(self.inference_threads, max(1, self.actors - 1)) if self.adversarial else 2
+        return Knobs(jitter_ms=self.jitter_ms if self.adversarial else 0.0, design=strategy,
+                     inference_threads=threads)
 
     @classmethod
     def quick(cls, adversarial: bool = False) -> Workload:
@@ -62,10 +67,8 @@ class Workload:
         config.run.time_limit_s = self.time_limit_s
         config.run.run_dir = str(run_dir)
         config.run.name = run_dir.name
-        config.sync.strategy = strategy
+        config.sync.strategy = "strict" if strategy in reference.DESIGNS else strategy  # a design: its parts'
         config.sync.stall_s = 5.0
-        if self.adversarial:
-            config.debug.inference_threads = min(self.inference_threads, max(1, self.actors - 1))
         return config
 
 
@@ -95,10 +98,10 @@ def run(workload: Workload, out: Path, strategies: list[str] | None = None) -> l
 
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name in strategies or list(NAMES):
+    for name in strategies or list(reference.NAMES):
         log.info("bench sync: %s", name)
         config = workload.config(name, out / "runs" / name)
-        summary = train(config, Path(config.run.run_dir), parts=hooks.parts(workload.knobs))
+        summary = train(config, Path(config.run.run_dir), parts=hooks.parts(workload.knobs(name)))
         rows.append(row_from_summary(name, summary))
     (out / "sync.json").write_text(json.dumps(rows, indent=2) + "\n")
     (out / "sync.md").write_text(markdown(rows, workload))

@@ -32,6 +32,7 @@ import yaml
 
 from lockstep.common.files import atomic_write
 from lockstep.sync import NAMES as SYNC_NAMES
+from lockstep.sync import REFERENCE_DESIGNS, moved
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ class ModelConfig:
     activation: Activation = setting("tanh", "the MLP's activation")
     init_log_std: float = setting(0.0, "the Gaussian head's initial log standard deviation (Box actions only)")
     lstm_size: int = setting(0, "> 0: an LSTM of this size after the torso; the learner keeps each env slot's "
-                                "state (needs sync.strategy strict or pipelined)", ge=0)
+                                "state", ge=0)
     critic_lstm: bool = setting(False, "with model.lstm_size: the critic gets its own LSTM beside the actor's "
                                        "(else they share one)")
     policy: str = setting("", "your own network: package.module:factory or path/to/file.py:factory, a callable "
@@ -227,9 +228,8 @@ class LearnerConfig:
 class SyncConfig:
     """Synchronization between inference and training (docs/synchronization.md)."""
 
-    strategy: SyncStrategy = setting("strict", "strict (the admission gate, strictly on-policy), pipelined "
-                                               "(collection overlaps training) or a reference strategy",
-                                     flag="--sync")
+    strategy: SyncStrategy = setting("strict", "strict (the admission gate, strictly on-policy) or pipelined "
+                                               "(collection overlaps training, lag <= sync.max_lag)", flag="--sync")
     max_lag: int = setting(1, "pipelined: the most versions a sample may lag the version that trains on it "
                               "(0 is sync.strategy strict)", flag="--max-lag", ge=1)
     stall_s: float = setting(10.0, "a phase collecting longer than this counts as a stall (and is logged)")
@@ -310,14 +310,6 @@ class RunConfig:
 
 
 @dataclass
-class DebugConfig:
-    """Knobs that only benchmarks and tests turn; training never needs them."""
-
-    inference_threads: int = setting(2, "reference strategies: threads that run their per-request forward passes",
-                                     ge=1)
-
-
-@dataclass
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     actors: ActorsConfig = field(default_factory=ActorsConfig)
@@ -327,7 +319,6 @@ class Config:
     sync: SyncConfig = field(default_factory=SyncConfig)
     selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
     run: RunConfig = field(default_factory=RunConfig)
-    debug: DebugConfig = field(default_factory=DebugConfig)
 
     @property
     def batch_size(self) -> int:
@@ -357,9 +348,6 @@ class Config:
         rules = [
             (device in ("auto", "cpu", "cuda") or device.startswith("cuda:"),
              f"learner.device must be auto, cpu, cuda or cuda:N, got {device!r}"),
-            (self.model.lstm_size == 0 or self.sync.strategy in ("strict", "pipelined"),
-             f"model.lstm_size > 0 needs sync.strategy strict or pipelined (snapshots keep the recurrent state "
-             f"per slot); {self.sync.strategy!r} updates the model in place"),
             (not self.run.eval_video_every or self.run.eval_every > 0,
              "run.eval_video_every records evaluations while training: it needs run.eval_every > 0"),
             (self.learner.event_loop != "uvloop" or importlib.util.find_spec("uvloop") is not None,
@@ -424,7 +412,8 @@ class Setting:
     def check(self, value: Any) -> None:
         """The one place that says a value is not allowed: not one of the choices, or out of range."""
         if self.choices and value not in self.choices:
-            raise ConfigError(f"{self.dotted} must be one of {', '.join(self.choices)}, got {value!r}")
+            withdrawn = WITHDRAWN.get((self.dotted, value)) if isinstance(value, str) else None
+            raise ConfigError(withdrawn or f"{self.dotted} must be one of {', '.join(self.choices)}, got {value!r}")
         if value is None or isinstance(value, (bool, str, list, dict)):
             return
         if ((self.ge is not None and value < self.ge) or (self.gt is not None and value <= self.gt)
@@ -489,8 +478,14 @@ MOVED = {
     "env.ray_num_cpus": "actors.ray_num_cpus",
     "env.ray_cpus_per_actor": "actors.ray_cpus_per_actor",
     "learner.transport": "actors.transport",
-    "sync.inference_threads": "debug.inference_threads",
 }
+
+# Values that older versions accepted and that left the training path: a config that gives one is refused
+# with where it went. (The reference synchronization designs: docs/synchronization.md.)
+WITHDRAWN = {("sync.strategy", name): f"sync.strategy {moved(name)}" for name in REFERENCE_DESIGNS}
+
+_THREADS = ("the reference designs' inference threads are the synchronization benchmark's (the debug section "
+            "is gone): python -m lockstep_bench.train --design NAME --inference-threads N (pip install -e ./dev)")
 
 # Benchmark knobs that left the training path: the benchmarks set them on their own entry point
 # (`python -m lockstep_bench.train --jitter-ms MS --collect-only ...`). A config file from before, which holds
@@ -499,6 +494,8 @@ REMOVED = {
     "sync.jitter_ms": (0.0, "adversarial delays are a benchmark's: python -m lockstep_bench.train --jitter-ms MS"),
     "run.collect_only": (False, "collection-only runs are a benchmark's: python -m lockstep_bench.train "
                                 "--collect-only"),
+    "sync.inference_threads": (2, _THREADS),
+    "debug.inference_threads": (2, _THREADS),
 }
 
 
@@ -512,7 +509,8 @@ def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
     config = base if base is not None else Config()
     data = data or {}
     for section, values in data.items():
-        if section not in SECTIONS:
+        if section not in SECTIONS and not (isinstance(values, dict) and values
+                                            and all(f"{section}.{key}" in REMOVED for key in values)):
             raise ConfigError(f"unknown config section {section!r}; sections: {list(SECTIONS)}")
         if not isinstance(values, dict):
             raise ConfigError(f"config section {section!r} must be a mapping, got {values!r}")

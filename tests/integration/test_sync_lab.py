@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 from lockstep_bench import hooks
+from lockstep_bench.reference import DESIGNS
 from lockstep_bench.runs import Knobs
 
 from lockstep import config as config_lib
 from lockstep.launch.local import train
 from lockstep.observe.run_dir import RunDir
-from lockstep.sync.reference import REFERENCE
 from lockstep.tools import audit
 
 pytestmark = pytest.mark.slow
@@ -61,14 +61,14 @@ def test_pipelined_lag_stays_within_its_bound_and_cartpole_still_learns(tmp_path
     assert summary["first_reached"]["195"] is not None, summary
 
 
-@pytest.mark.parametrize("strategy", sorted(REFERENCE))
+@pytest.mark.parametrize("strategy", sorted(DESIGNS))
 def test_reference_strategy_runs_a_short_real_training_and_reports_its_counters(tmp_path, strategy):
-    config = _config(tmp_path, strategy, **{
+    config = _config(tmp_path, "strict", **{
         "actors.count": 3, "actors.envs_per_actor": 2, "ppo.steps_per_env": 16, "ppo.total_steps": 3 * 2 * 16 * 4,
-        "debug.inference_threads": 2, "run.time_limit_s": 30,
+        "run.time_limit_s": 30,
     })
-    summary = train(config, tmp_path / "run")
-    assert summary["error"] is None
+    summary = train(config, tmp_path / "run", parts=hooks.parts(Knobs(design=strategy, inference_threads=2)))
+    assert summary["error"] is None and summary["sync"] == strategy
     assert summary["iterations"] >= 1
     keys = ("wasted_forward_passes", "rejected_rpcs", "torn_reads", "torn_reads_used", "off_policy_samples", "stalls")
     for key in keys:
@@ -89,7 +89,7 @@ def test_reference_strategy_runs_a_short_real_training_and_reports_its_counters(
         assert (int(r["off_policy_samples"]) > 0) == (int(r["policy_lag_max"]) > 0), r
     assert summary["torn_reads_used"] <= summary["torn_reads"]
 
-    # What each design does by construction (sync/reference.py).
+    # What each design does by construction (lockstep_bench/reference.py).
     if strategy == "spin-flags":  # waits on flags: never rejects, never throws a pass away
         assert summary["wasted_forward_passes"] == 0 and summary["rejected_rpcs"] == 0
     if strategy == "spin-redo":  # redoes a pass instead of rejecting the request

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lockstep import config as config_lib
+from lockstep import sync
 from lockstep.algo import noise
 from lockstep.envs import SpaceSpec
 from lockstep.learner.audit_trail import AuditWriter
@@ -58,7 +59,7 @@ def _run(tmp_path) -> tuple:
                   np.zeros((T, N), np.int64), obs[-1], np.full(N, T))
     writer = AuditWriter(tmp_path / "audit", config)
     writer.policy(0, model.state_dict(), None, None)
-    writer.batch(1, 0, "strict", batch)
+    writer.batch(1, 0, sync.strategy("strict"), batch)
     return tmp_path, model, obs, actions, logprobs
 
 

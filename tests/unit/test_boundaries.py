@@ -47,7 +47,7 @@ def test_an_actor_stepping_a_pettingzoo_env_imports_no_torch(env_id, package):
     assert package in loaded and "torch" not in loaded
 
 
-@pytest.mark.parametrize("module", ["lockstep.sync", "lockstep.sync.gate", "lockstep.sync.reference"])
+@pytest.mark.parametrize("module", ["lockstep.sync", "lockstep.sync.gate"])
 def test_sync_imports_neither_torch_nor_grpc(module):
     loaded = _imported_after(module)
     assert "torch" not in loaded and "grpc" not in loaded

@@ -245,7 +245,7 @@ def test_save_writes_every_section(tmp_path):
     path = tmp_path / "config.yaml"
     save(Config(), path)
     assert set(yaml.safe_load(path.read_text())) == {"env", "actors", "ppo", "model", "learner", "sync", "selfplay",
-                                                      "run", "debug"}
+                                                      "run"}
 
 
 # --- presets ---------------------------------------------------------------------------------
@@ -389,7 +389,25 @@ def test_a_field_with_choices_takes_each_and_nothing_else_naming_key_value_and_c
 def test_the_sync_strategies_are_the_registrys():
     from lockstep.sync import NAMES
 
-    assert config_lib.setting_of("sync.strategy").choices == NAMES
+    assert config_lib.setting_of("sync.strategy").choices == NAMES == ("strict", "pipelined")
+
+
+@pytest.mark.parametrize("name", ["spin-flags", "spin-redo", "reject-retry", "seqlock"])
+def test_a_config_naming_a_reference_design_is_refused_with_where_it_went(tmp_path, name):
+    """The flag designs left sync.strategy for the benchmarks: a YAML file, --set or --sync naming one is told
+    where they went, not just the choices."""
+    where = (rf"^sync[.]strategy '{name}' is a reference design .* moved to the benchmarks \(pip install -e "
+             rf"[.]/dev\): `lockstep bench sync` .* `python -m lockstep_bench[.]train --design {name}`")
+    path = tmp_path / "old.yaml"
+    path.write_text(f"sync:\n  strategy: {name}\n")
+    with pytest.raises(ConfigError, match=where):
+        load(path)
+    with pytest.raises(ConfigError, match=where):
+        apply_sets(Config(), [f"sync.strategy={name}"])
+    from lockstep.cli import build_parser, resolve_config
+
+    with pytest.raises(ConfigError, match=where):
+        resolve_config(build_parser().parse_args(["train", "--sync", name]))
 
 
 @pytest.mark.parametrize("dotted, bad, good, wanted", [
@@ -401,7 +419,6 @@ def test_the_sync_strategies_are_the_registrys():
     ("sync.min_unroll", "1.01", "0", ">= 0 and <= 1"),
     ("sync.max_lag", "0", "2", ">= 1"),
     ("model.lstm_size", "-1", "0", ">= 0"),
-    ("debug.inference_threads", "0", "1", ">= 1"),
 ])
 def test_a_declared_range_is_checked_when_the_value_is_set(dotted, bad, good, wanted):
     c = Config()
@@ -425,7 +442,6 @@ OLD_FILE = {
     "env": {"id": "CartPole-v1", "actors": 3, "envs_per_actor": 5, "actor_restarts": 4, "launcher": "ray",
             "ray_address": "auto", "ray_num_cpus": 6, "ray_cpus_per_actor": 0.5},
     "learner": {"transport": "inprocess", "device": "cpu"},
-    "sync": {"inference_threads": 3},
 }
 
 
@@ -437,7 +453,7 @@ def test_an_old_config_file_loads_each_moved_key_where_it_lives_now_and_says_so(
         c = load(path)
     assert (c.actors.count, c.actors.envs_per_actor, c.actors.restarts, c.actors.launcher) == (3, 5, 4, "ray")
     assert (c.actors.ray_address, c.actors.ray_num_cpus, c.actors.ray_cpus_per_actor) == ("auto", 6, 0.5)
-    assert (c.actors.transport, c.debug.inference_threads, c.learner.device) == ("inprocess", 3, "cpu")
+    assert (c.actors.transport, c.learner.device) == ("inprocess", "cpu")
     for old, new in MOVED.items():
         assert f"config key {old} moved to {new}" in caplog.text
 
@@ -450,14 +466,14 @@ def test_an_old_key_beside_its_new_one_fails_naming_both():
 def test_an_old_run_directorys_config_resumes_as_it_was_saved(tmp_path):
     """config.yaml as runs wrote it before the move: the old layout, every field present."""
     saved = Config()
-    saved.actors.count, saved.actors.transport, saved.debug.inference_threads = 1, "grpc", 4
+    saved.actors.count, saved.actors.transport = 1, "grpc"
     old = to_dict(saved)
-    actors, debug = old.pop("actors"), old.pop("debug")
+    actors = old.pop("actors")
     old["env"].update(actors=actors["count"], envs_per_actor=actors["envs_per_actor"],
                       actor_restarts=actors["restarts"], launcher=actors["launcher"],
                       **{k: v for k, v in actors.items() if k.startswith("ray_")})
     old["learner"]["transport"] = actors["transport"]
-    old["sync"]["inference_threads"] = debug["inference_threads"]
+    old["sync"]["inference_threads"] = 2  # the reference designs' threads, at their default then
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(old))
     assert load(path) == saved
@@ -495,6 +511,17 @@ def test_benchmark_knobs_that_left_the_config_load_at_their_old_defaults_and_are
         config_lib.load(old)
     with pytest.raises(config_lib.ConfigError, match="run.collect_only is no longer a config key.*--collect-only"):
         config_lib.apply_sets(config_lib.Config(), ["run.collect_only=true"])
+
+
+def test_the_reference_designs_threads_left_with_the_debug_section(tmp_path):
+    old = tmp_path / "config.yaml"  # a run directory's config.yaml from before: the debug section at its default
+    old.write_text("sync:\n  strategy: pipelined\ndebug:\n  inference_threads: 2\n")
+    assert config_lib.load(old).sync.strategy == "pipelined"
+    old.write_text("debug:\n  inference_threads: 3\n")
+    with pytest.raises(config_lib.ConfigError, match="debug.inference_threads is no longer a config key.*--design"):
+        config_lib.load(old)
+    with pytest.raises(config_lib.ConfigError, match="sync.inference_threads is no longer a config key"):
+        config_lib.apply_sets(config_lib.Config(), ["sync.inference_threads=2"])
 
 
 def test_env_kwargs_are_a_mapping_from_yaml_or_a_flag():

@@ -102,14 +102,6 @@ def test_the_mlp_torso_the_cnns_and_the_lstm_are_chosen_from_the_config():
     torch.testing.assert_close(nature.torso[0](frames), frames.float() / 255)
 
 
-def test_an_lstm_with_an_in_place_strategy_is_refused_by_name():
-    config = config_lib.Config()
-    config.model.lstm_size = 16
-    config.sync.strategy = "spin-flags"
-    with pytest.raises(config_lib.ConfigError, match="lstm_size > 0 needs sync.strategy strict or pipelined"):
-        config.validate()
-
-
 # -- the session keeps the state ---------------------------------------------------------------------
 
 

@@ -95,7 +95,7 @@ def test_list_choices_travel_through_optuna_as_yaml_text():
     ({"space/ppo.epochs": {"low": 1, "high": 2.5}}, "space.ppo.epochs.high: ppo.epochs is an integer field"),
     ({"space/ppo.anneal_lr": {"low": 0, "high": 1}}, "space.ppo.anneal_lr: ppo.anneal_lr is a bool"),
     ({"space/sync.strategy": ["strict", "eventual"]}, "space.sync.strategy: sync.strategy must be one of"),
-    ({"space/model.lstm_size": [0, 16], "set": {"sync.strategy": "seqlock"}}, "space.model.lstm_size: with 16"),
+    ({"space/run.eval_video_every": [0, 5], "set": {"run.eval_every": 0}}, "space.run.eval_video_every: with 5"),
     ({"objective/metric": "episode_reward"}, "objective.metric: 'episode_reward' is not a metrics.csv column"),
     ({"objective/direction": "up"}, "objective.direction: must be one of maximize, minimize"),
     ({"objective/value": "seconds_to"}, "objective.threshold: objective.value seconds_to needs the threshold"),

@@ -1,4 +1,4 @@
-"""Tests for the reference synchronizations (lockstep.sync.reference), with real threads.
+"""Tests for the reference synchronizations of the benchmarks (lockstep_bench.reference), with real threads.
 
 Each test forces the interleaving it is about with events (a forward pass or an
 update that blocks until the other side has reached a given point), so the outcome
@@ -13,9 +13,12 @@ import threading
 import time
 
 import pytest
+from lockstep_bench import hooks, reference, syncs
+from lockstep_bench.reference import DESIGNS, ReferenceSync, RejectRetry, SeqLock, SpinFlags, SpinRedo
+from lockstep_bench.runs import Knobs
 
-from lockstep.sync import NAMES, ReferenceSync, strategy
-from lockstep.sync.reference import REFERENCE, RejectRetry, SeqLock, SpinFlags, SpinRedo
+from lockstep.config import Config
+from lockstep.sync import NAMES, REFERENCE_DESIGNS, recorded, strategy
 
 TIMEOUT = 5.0
 
@@ -83,25 +86,41 @@ def _busy(seconds: float) -> None:
 # ---------------------------------------------------------------------------------
 
 
-def test_registry_names_and_strategies():
-    assert set(REFERENCE) == {"spin-flags", "spin-redo", "reject-retry", "seqlock"}
-    assert NAMES == ("strict", "pipelined", *REFERENCE)
+def test_the_registry_offers_what_trains_and_the_benchmarks_run_the_designs():
+    assert NAMES == ("strict", "pipelined")
+    assert tuple(DESIGNS) == REFERENCE_DESIGNS  # the names the runtime refuses, pointing here
+    assert reference.NAMES == (*NAMES, *REFERENCE_DESIGNS)  # what lockstep bench sync compares
     assert strategy("strict").max_lag == 0 and strategy("strict").snapshots
     assert strategy("pipelined").max_lag == 1 and strategy("pipelined", max_lag=3).max_lag == 3
     assert strategy("pipelined", 2).gate(4, 2).max_lag == 2
     assert strategy("strict").gate(4, 2).max_lag == 0
-    assert strategy("strict").reference() is None and strategy("pipelined").reference() is None
     with pytest.raises(ValueError):
         strategy("pipelined", max_lag=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown synchronization"):
         strategy("no-such-sync")
-    pause = lambda: None
-    for name, cls in REFERENCE.items():
-        s = strategy(name)
-        assert s.max_lag is None and not s.snapshots and s.summary
-        ref = s.reference(pause)
-        assert type(ref) is cls and isinstance(ref, ReferenceSync) and ref.pause is pause
+    for name in DESIGNS:
+        with pytest.raises(ValueError, match="moved to the benchmarks"):
+            strategy(name)
+        s = reference.strategy(name)
+        assert s.name == name and s.max_lag is None and not s.snapshots and s.summary
         assert s.gate(3, 1).max_lag is None  # the gate counts phases but never holds
+        judged = recorded(name)  # what lockstep audit judges the design's trails by
+        assert (judged.name, judged.max_lag, judged.snapshots) == (name, None, False)
+    assert recorded("pipelined", 2) == strategy("pipelined", 2)
+
+
+@pytest.mark.parametrize("name", sorted(DESIGNS))
+def test_a_design_goes_into_the_learner_as_its_backend_and_strategy(name):
+    parts = hooks.parts(Knobs(design=name, inference_threads=1))
+    assert parts.strategy == reference.strategy(name)
+    backend = parts.backend(syncs.trainer("mlp"), Config(), lambda: 1, None)
+    try:
+        assert type(backend.reference) is DESIGNS[name] and isinstance(backend.reference, ReferenceSync)
+        assert backend.state_size == 0 and backend.stats().forward_passes == 0
+    finally:
+        backend.close()
+    with pytest.raises(ValueError, match="feedforward policies only"):  # a recurrent state needs snapshots
+        parts.backend(syncs.trainer("lstm-box"), Config(), lambda: 1, None)
 
 
 @pytest.mark.parametrize("cls", [SpinFlags, SpinRedo, RejectRetry, SeqLock])

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lockstep import sync
 from lockstep.common.files import atomic_write
 from lockstep.config import Config
 from lockstep.config import save as save_config
 from lockstep.learner.rollout import Batch
+from lockstep.sync import Strategy
 
 FORMAT = """\
 policy_vNNNNNN.pt   torch.save of {"version", "model" (state dict), "obs_mean", "obs_var"}
@@ -46,7 +46,6 @@ class AuditWriter:
 
     def __init__(self, directory: Path, config: Config, fresh: bool = True) -> None:
         self.directory = directory
-        self._max_lag = config.sync.max_lag
         directory.mkdir(parents=True, exist_ok=True)
         if fresh:  # a new run in a reused directory must not be audited with an older run's files
             for old in [*directory.glob("batch_*.npz"), *directory.glob("policy_v*.pt")]:
@@ -61,14 +60,14 @@ class AuditWriter:
         atomic_write(self.directory / f"policy_v{version:06d}.pt", lambda f: torch.save(
             {"version": version, "model": state, "obs_mean": obs_mean, "obs_var": obs_var}, f))
 
-    def batch(self, iteration: int, trained_by: int, strategy: str, batch: Batch) -> None:
+    def batch(self, iteration: int, trained_by: int, strategy: Strategy, batch: Batch) -> None:
         # the bound is recorded with each batch: a resumed run may have been given another --max-lag
-        bound = sync.strategy(strategy, self._max_lag).max_lag
+        bound = strategy.max_lag
         # a feedforward policy's state holds no floats: its batches keep the format they always had
         has_state = batch.initial_state.shape[1] > 0
         recurrent = {"initial_state": batch.initial_state, "starts": batch.starts} if has_state else {}
         atomic_write(self.directory / f"batch_{iteration:06d}.npz", lambda f: np.savez_compressed(
             f, **observation_arrays(batch.obs), actions=batch.actions, logprobs=batch.logprobs, versions=batch.versions,
-            lengths=batch.lengths, trained_by=np.int64(trained_by), strategy=np.str_(strategy),
+            lengths=batch.lengths, trained_by=np.int64(trained_by), strategy=np.str_(strategy.name),
             max_lag=np.int64(UNBOUNDED if bound is None else bound), **recurrent,
         ))

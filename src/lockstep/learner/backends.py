@@ -1,41 +1,33 @@
 """Inference backends: what a synchronization strategy is, on the learner.
 
-The strategy registry (``lockstep.sync``) names a backend family; the learner
-builds it with ``make_backend`` and then only calls the protocol below, never
-asking which strategy it runs.
+The learner builds its backend (``SnapshotBackend``, or the one ``learner.parts`` puts in) and then
+only calls the protocol below, never asking which strategy it runs.
 
     snapshot   strict and pipelined. Inference runs on immutable versioned snapshots
                through the dynamic batcher; the admission gate decides which version
                may act when. ``publish`` builds the next snapshot and swaps one reference.
-    in-place   the reference designs (spin-flags, spin-redo, reject-retry, seqlock).
-               One model that the trainer updates in place, guarded by the strategy's
-               flags; forward passes run on a small thread pool (their spin loops must
-               not block the event loop), and optimizer hooks detect torn reads.
+
+The benchmarks' reference designs (``lockstep bench sync``) are backends of this protocol too: one
+model that the trainer updates in place, guarded by the design's flags
+(``dev/lockstep_bench/reference.py``). What they count that a snapshot cannot produce (wasted
+passes, rejected requests, torn reads) has its fields in ``InferenceStats``, and their "no action,
+send the step again" is ``Retry``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
-import torch
 
-from lockstep.algo import noise
 from lockstep.config import Config
 from lockstep.learner.audit_trail import AuditWriter
-from lockstep.learner.inference import Batcher, InferenceResult, PolicySnapshot, act
+from lockstep.learner.inference import Batcher, InferenceResult, PolicySnapshot
 from lockstep.learner.trainer import Trainer
-from lockstep.sync import ReferenceSync, Strategy
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,12 +43,17 @@ class InferenceStats:
     torn_reads_used: int = 0  # ... of which the result was sent to an actor
 
 
+class Retry(Exception):
+    """Raised by a backend's ``infer`` to answer "no action": the actor sends the same step again, and the
+    session serves it with the admission it already holds. Snapshot backends never raise it."""
+
+
 class InferenceBackend(Protocol):
     state_size: int  # state per env slot that sessions keep and pass in (0: a feedforward policy)
 
     async def infer(self, member: int, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray,
-                    state: np.ndarray) -> InferenceResult | None:
-        """Actions for one actor's request; None means "no action, send the step again".
+                    state: np.ndarray) -> InferenceResult:
+        """Actions for one actor's request; raises ``Retry`` for "no action, send the step again".
 
         ``state`` [k, S]: the slots' state, reset where an episode starts; the result carries the
         state after the step."""
@@ -87,8 +84,8 @@ class SnapshotBackend:
     them, actors in id order), so a slot's numbers do not depend on which requests share a pass.
     """
 
-    def __init__(self, trainer: Trainer, config: Config, expected: Callable[[], int], audit: AuditWriter | None,
-                 reference: ReferenceSync | None = None) -> None:
+    def __init__(self, trainer: Trainer, config: Config, expected: Callable[[], int],
+                 audit: AuditWriter | None) -> None:
         self._trainer, self._audit = trainer, audit
         self._snapshot = self._build()
         self.state_size = self._snapshot.state_size
@@ -126,106 +123,3 @@ class SnapshotBackend:
 
     def close(self) -> None:
         pass
-
-
-class ParameterStamps:
-    """Detects torn reads of parameters that the optimizer updates in place.
-
-    The optimizer's pre- and post-step hooks advance a sequence number (odd while
-    it writes). Every parameter is written by each step, so a forward pass during
-    which the number was odd or changed read parameters of two versions.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.sequence = 0
-        optimizer.register_step_pre_hook(self._advance)
-        optimizer.register_step_post_hook(self._advance)
-
-    def _advance(self, *_: Any) -> None:
-        self.sequence += 1
-
-    def torn(self, before: int, after: int) -> bool:
-        return bool(before & 1) or before != after
-
-
-class InPlaceBackend:
-    """The reference designs: one live model, the strategy's flags around every pass and every update.
-
-    Feedforward policies only (the config refuses an LSTM with these strategies)."""
-
-    def __init__(self, trainer: Trainer, config: Config, expected: Callable[[], int], audit: AuditWriter | None,
-                 reference: ReferenceSync | None = None) -> None:
-        if reference is None:
-            raise ValueError("the in-place backend needs a reference strategy")
-        log.warning("sync strategy %s is a reference design kept for comparison: it does not keep PPO on-policy "
-                    "and can read half-updated parameters; use strict or pipelined to train", reference.name)
-        self._trainer, self._audit, self.reference = trainer, audit, reference
-        self.stamps = ParameterStamps(trainer.optimizer)
-        self._pool = ThreadPoolExecutor(config.debug.inference_threads, thread_name_prefix="lockstep-infer")
-        self._stats = InferenceStats()
-        self._lock = threading.Lock()
-        self.state_size = trainer.model.state_size
-        self.publish()
-
-    def join(self, member: int, num_envs: int) -> None:
-        pass  # every request is its own pass: its shape is its actor's slot count already
-
-    def leave(self, member: int) -> None:
-        pass
-
-    async def infer(self, member, obs, keys, counters, state):
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._guarded_pass, member, obs, keys, counters, state)
-
-    def _guarded_pass(self, member: int, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray,
-                      state: np.ndarray) -> InferenceResult | None:
-        result = self.reference.infer(member, lambda: self._forward(obs, keys, counters, state))
-        if result is not None and result.torn:
-            with self._lock:
-                self._stats.torn_reads_used += 1
-        return result
-
-    def _forward(self, obs: np.ndarray, keys: np.ndarray, counters: np.ndarray,
-                 state: np.ndarray) -> InferenceResult:
-        """One forward pass on the live model, stamped torn if an update overlapped it."""
-        trainer, stats = self._trainer, self._stats
-        start = time.perf_counter()
-        version, before = trainer.version, self.stamps.sequence
-        model = trainer.model
-        actions, logprobs, values, after = act(model, trainer.normalizer(), np.array(obs),
-                                               noise.uniform(keys, counters, model.noise_width), state,
-                                               trainer.device)
-        result = InferenceResult(actions, logprobs, values, version, after,
-                                 torn=self.stamps.torn(before, self.stamps.sequence))
-        with self._lock:  # several pool threads count
-            stats.torn_reads += result.torn
-            stats.forward_passes += 1
-            stats.rows_inferred += len(obs)
-            stats.busy_s += time.perf_counter() - start
-        return result
-
-    def train(self, update):
-        return self.reference.train(update)
-
-    def publish(self) -> None:
-        if self._audit is not None:
-            trainer, rms = self._trainer, self._trainer.obs_rms
-            self._audit.policy(trainer.version, trainer.model.state_dict(),
-                               None if rms is None else rms.mean, None if rms is None else rms.var)
-
-    def stats(self) -> InferenceStats:
-        s = self._stats
-        return InferenceStats(s.forward_passes, s.rows_inferred, s.busy_s, self.reference.wasted_forward_passes,
-                              self.reference.rejected_rpcs, s.torn_reads, s.torn_reads_used)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-BACKENDS: dict[str, type] = {"snapshot": SnapshotBackend, "in-place": InPlaceBackend}
-
-
-def make_backend(strategy: Strategy, trainer: Trainer, config: Config, expected: Callable[[], int],
-                 audit: AuditWriter | None) -> InferenceBackend:
-    """The backend of ``strategy``'s family, built around ``trainer``."""
-    return BACKENDS[strategy.backend](trainer, config, expected, audit, reference=strategy.reference())

@@ -1,7 +1,8 @@
 """The learner's replaceable parts: what may be put into a ``Learner`` from outside.
 
-The benchmarks use them (a trainer that only counts, adversarial delays around the backend:
-``lockstep_bench.hooks``); ``lockstep train`` runs with ``DEFAULT_PARTS``, the learner as it trains.
+The benchmarks use them (a trainer that only counts, adversarial delays around the backend, the reference
+synchronization designs that ``lockstep bench sync`` measures: ``lockstep_bench.hooks``); ``lockstep train``
+runs with ``DEFAULT_PARTS``, the learner as it trains.
 """
 
 from __future__ import annotations
@@ -9,16 +10,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lockstep.learner.backends import InferenceBackend
+from lockstep.config import Config
+from lockstep.learner.audit_trail import AuditWriter
+from lockstep.learner.backends import InferenceBackend, SnapshotBackend
 from lockstep.learner.trainer import Trainer
+from lockstep.sync import Strategy
+
+# builds the inference backend around the trainer: (trainer, config, expected requests per pass, audit writer)
+BackendFactory = Callable[[Trainer, Config, Callable[[], int], "AuditWriter | None"], InferenceBackend]
 
 
 @dataclass(frozen=True)
 class Parts:
-    """``trainer``: the class the learner builds (with ``Trainer``'s constructor); ``wrap_backend(backend,
+    """``trainer``: the class the learner builds (with ``Trainer``'s constructor); ``backend``: what builds the
+    inference backend (``SnapshotBackend``'s constructor); ``strategy``: the synchronization the learner runs
+    instead of ``sync.strategy``'s (its name is the one the run records; None: the config's), which must match
+    the backend (``lockstep.sync.in_place`` for a backend that serves the live model); ``wrap_backend(backend,
     trainer)``: the backend the learner uses instead of ``backend`` (None: ``backend`` itself)."""
 
     trainer: type[Trainer] = Trainer
+    backend: BackendFactory = SnapshotBackend
+    strategy: Strategy | None = None
     wrap_backend: Callable[[InferenceBackend, Trainer], InferenceBackend] | None = None
 
 

@@ -55,7 +55,7 @@ import numpy as np
 from lockstep.algo import noise
 from lockstep.envs import EnvSpec
 from lockstep.learner import RunFailed
-from lockstep.learner.backends import InferenceBackend
+from lockstep.learner.backends import InferenceBackend, Retry
 from lockstep.learner.rollout import PhaseStore, Unroll
 from lockstep.learner.teams import TeamReturns
 from lockstep.observe.counters import Clock, Counters, ReleaseLatency
@@ -317,7 +317,7 @@ class Session:
         self.first_counter = self.counter
         self.unroll: Unroll | None = None
         self.last_step: int | None = None  # step of the unroll the last action was recorded at
-        self.pending: tuple[Admission, np.ndarray] | None = None  # admitted, not yet answered (a retry)
+        self.pending: tuple[Admission, np.ndarray] | None = None  # admitted, answered "no action" (Retry)
         # Each slot's policy state, kept here between requests (SEED's design; [k, 0] for a feedforward
         # policy). A new session (a new run id: an actor that started or reconnected) starts from zeros;
         # an episode's end resets it.
@@ -360,17 +360,19 @@ class Session:
             counters = np.full(self.num_envs, self.counter, np.uint64)
             self.counter += 1
             sessions.slot_counters[self.member] = self.counter
-            self.pending = (admission, counters)
             # the observation of a slot whose episode just ended starts a new one
             self.state = np.where((data.terminated | data.truncated)[:, None], np.float32(0), self.state)
-        admission, counters = self.pending
+        else:  # the step again, after the backend's "no action": served with the admission it holds
+            (admission, counters), self.pending = self.pending, None
         state_in = self.state
-        out = await sessions.backend.infer(self.member, data.obs, self.keys, counters, state_in)
-        self._check_replaced()
-        if out is None:  # an in-place strategy answered "no action": the actor sends this step again
+        try:
+            out = await sessions.backend.infer(self.member, data.obs, self.keys, counters, state_in)
+        except Retry:
+            self.pending = (admission, counters)
+            self._check_replaced()
             self._answered = time.perf_counter()
             return Reply(None, admission.version)
-        self.pending = None
+        self._check_replaced()
         self.state = out.state
         if admission.step == 0:
             self.unroll = Unroll(self.member, self.num_envs, sessions.steps_per_phase, *self._shapes,

@@ -5,7 +5,7 @@ Threads
                  gate's admissions and the backend's inference. Held requests are awaited futures here.
                  In-process env loops run here too, started by their launcher (``run_on_loop``).
     trainer      trains closed phases in order, writes the row and the checkpoint, publishes the next version.
-    inference    in-place backend only: a small pool for its forward passes.
+    inference    a backend's own, if it has any (the benchmarks' reference designs run their passes on a pool).
 
 Publishing v+1 is always ``backend.publish()`` (a snapshot backend swaps its snapshot), then ``gate.publish(v+1)``
 (through ``sessions.publish``, which times the release): every request admitted for v+1 is served by v+1.
@@ -32,7 +32,6 @@ from lockstep.config import save as save_config
 from lockstep.envs import env_spec
 from lockstep.learner import RunFailed, event_loop, opponents
 from lockstep.learner.audit_trail import AuditWriter
-from lockstep.learner.backends import make_backend
 from lockstep.learner.checkpoint import Checkpointer
 from lockstep.learner.device import prepare_device
 from lockstep.learner.distributed import Ranks
@@ -61,7 +60,7 @@ class Learner:
         self.spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.vector_kwargs())
         self.device = prepare_device(config.learner.device, config.learner.deterministic)
         torch.set_num_threads(config.learner.torch_threads)
-        self.strategy = sync.strategy(config.sync.strategy, config.sync.max_lag)
+        self.strategy = parts.strategy or sync.strategy(config.sync.strategy, config.sync.max_lag)
         self.ranks = ranks  # several learners training one policy (torch.distributed): distributed.py
         self.trainer = parts.trainer(config, self.spec, self.device, max_lag=self.strategy.max_lag, ranks=ranks)
         self.clock, self.episodes = Clock(), EpisodeTracker(config.return_thresholds())
@@ -82,8 +81,7 @@ class Learner:
                                        close_empty=ranks is not None)  # the other ranks wait for this one's update
         self.audit = AuditWriter(run_dir / "audit", config, fresh=not resume) if run.audit else None
         self.phases = PhaseStore()
-        self.backend = make_backend(self.strategy, self.trainer, config, lambda: self.sessions.expected_requests(),
-                                    self.audit)
+        self.backend = parts.backend(self.trainer, config, lambda: self.sessions.expected_requests(), self.audit)
         if parts.wrap_backend is not None:
             self.backend = parts.wrap_backend(self.backend, self.trainer)
         self.sessions = Sessions(self.spec, Welcome(run.seed, run_dir.name), config.ppo.steps_per_env, self.gate,
@@ -207,7 +205,7 @@ class Learner:
             stats = self.backend.train(lambda: trainer.train_empty() if batch is None else trainer.train(batch))
             self.report.trained(stats)
             if self.audit is not None and item.batch is not None:
-                self.audit.batch(trainer.iteration, item.phase, self.strategy.name, item.batch)
+                self.audit.batch(trainer.iteration, item.phase, self.strategy, item.batch)
         if item.collect_s > self.config.sync.stall_s:
             self.report.counters.stalls += 1
         self.report.observe(self.backend.stats())

@@ -1,18 +1,18 @@
 """Synchronization between inference and training, chosen by name (``--sync NAME``).
 
-``strict`` and ``pipelined`` use the admission gate (``gate.py``) and immutable
-policy snapshots; the reference strategies (``reference.py``) guard one policy
-that the trainer updates in place, as the designs they reproduce do. Nothing in
-this package imports gRPC or torch.
+``strict`` and ``pipelined`` use the admission gate (``gate.py``) and immutable policy
+snapshots. The flag designs they were measured against (spin flags, one flag with redo,
+reject and retry, the seqlock) are the benchmarks' reference designs, not ways to train:
+``lockstep bench sync`` runs them (``dev/lockstep_bench/reference.py``); here only their
+names remain, so that a config naming one is told where they went and the audit can still
+judge their runs' trails. Nothing in this package imports gRPC or torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from lockstep.sync.gate import Admission, AdmissionGate, ClosedPhase, GateError, RequestResult
-from lockstep.sync.reference import REFERENCE, ReferenceSync
 
 
 @dataclass(frozen=True)
@@ -22,17 +22,22 @@ class Strategy:
     snapshots: bool  # inference on immutable versioned snapshots (else on the live, in-place-updated model)
     summary: str
 
-    @property
-    def backend(self) -> str:
-        """The inference backend family: "snapshot" (immutable versions behind the gate) or "in-place"."""
-        return "snapshot" if self.snapshots else "in-place"
-
     def gate(self, steps_per_phase: int, min_members: int, **options) -> AdmissionGate:
         """The admission gate for this strategy (options: start_version, cutoff, min_unroll)."""
         return AdmissionGate(steps_per_phase, min_members, self.max_lag, **options)
 
-    def reference(self, pause: Callable[[], None] | None = None) -> ReferenceSync | None:
-        return REFERENCE[self.name](pause) if self.name in REFERENCE else None
+
+NAMES = ("strict", "pipelined")  # what ``sync.strategy`` offers: the strategies that train correctly
+
+REFERENCE_DESIGNS = ("spin-flags", "spin-redo", "reject-retry", "seqlock")
+
+
+def moved(name: str) -> str:
+    """Where the reference design ``name`` went, for the error that refuses it."""
+    return (f"{name!r} is a reference design of the synchronization benchmark, not a way to train: it moved to "
+            f"the benchmarks (pip install -e ./dev): `lockstep bench sync` measures it against strict and "
+            f"pipelined (docs/synchronization.md), `python -m lockstep_bench.train --design {name}` runs it alone. "
+            f"Train with strict or pipelined")
 
 
 def strategy(name: str, max_lag: int = 1) -> Strategy:
@@ -43,12 +48,24 @@ def strategy(name: str, max_lag: int = 1) -> Strategy:
         if max_lag < 1:
             raise ValueError(f"pipelined mode needs --max-lag >= 1, got {max_lag} (0 is --sync strict)")
         return Strategy("pipelined", max_lag, True, f"admission gate, collection overlaps training, lag <= {max_lag}")
-    if name in REFERENCE:
-        return Strategy(name, None, False, (REFERENCE[name].__doc__ or "").strip().splitlines()[0])
+    if name in REFERENCE_DESIGNS:
+        raise ValueError(f"synchronization {moved(name)}")
     raise ValueError(f"unknown synchronization {name!r}; choose one of {', '.join(NAMES)}")
 
 
-NAMES = ("strict", "pipelined", *REFERENCE)
+def in_place(name: str, summary: str) -> Strategy:
+    """A design that serves one policy the trainer updates in place (a reference design): no lag bound
+    (its gate never holds), no snapshots."""
+    return Strategy(name, None, False, summary)
 
-__all__ = ["Admission", "AdmissionGate", "ClosedPhase", "GateError", "RequestResult", "Strategy",
-           "strategy", "NAMES", "ReferenceSync"]
+
+def recorded(name: str, max_lag: int = 1) -> Strategy:
+    """The rules a run that recorded ``name`` is judged by (``lockstep audit``): a strategy's above, or, for a
+    reference design of the benchmarks, the in-place rules its trail was written under."""
+    if name in REFERENCE_DESIGNS:
+        return in_place(name, "a reference design of lockstep bench sync")
+    return strategy(name, max_lag)
+
+
+__all__ = ["Admission", "AdmissionGate", "ClosedPhase", "GateError", "RequestResult", "Strategy", "strategy",
+           "in_place", "recorded", "moved", "NAMES", "REFERENCE_DESIGNS"]

@@ -411,20 +411,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "sweep processes share; default: sqlite in DIR")
     p.add_argument("--study", metavar="NAME", help="the study's name in the storage (default: SPEC's file name)")
     p.set_defaults(func=cmd_sweep)
-    _add_bench(sub)
+    _add_plugins(sub)
     return parser
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    """``lockstep bench ...`` comes from the benchmarks package beside the runtime (``dev/``, ``lockstep_bench``)."""
-    try:
-        from lockstep_bench import cli as bench_cli
-    except ImportError:
+# Packages beside the runtime add commands through this entry-point group: each entry is a callable that takes
+# the subparsers and adds its own (``lockstep bench``, declared by dev/pyproject.toml), so that the runtime never
+# imports them.
+COMMANDS = "lockstep.commands"
+
+
+def _add_plugins(sub: argparse._SubParsersAction) -> None:
+    """The commands of the installed entry points in ``COMMANDS``; without the benchmarks, a ``bench`` that says
+    how to install them."""
+    from importlib.metadata import entry_points
+
+    added = set()
+    for entry in sorted(entry_points(group=COMMANDS), key=lambda e: e.name):
+        entry.load()(sub)
+        added.add(entry.name)
+    if "bench" not in added:
         p = sub.add_parser("bench", help="benchmarks (needs the benchmark package: pip install -e ./dev)")
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=_no_bench)
-        return
-    bench_cli.add_parser(sub)
 
 
 def _no_bench(args: argparse.Namespace) -> int:

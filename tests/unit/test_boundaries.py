@@ -78,10 +78,49 @@ def test_the_runtime_package_never_imports_the_benchmarks_or_the_model_checker()
     for path in SRC.rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (
-                    "lockstep_bench", "lockstep_verify"):
-                assert path.name == "cli.py" and node.module == "lockstep_bench", (
-                    f"{path.relative_to(SRC)} imports {node.module}: the runtime must work without dev/")
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                     [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                assert name.split(".")[0] not in ("lockstep_bench", "lockstep_verify"), (
+                    f"{path.relative_to(SRC)} imports {name}: the runtime must work without dev/ "
+                    "(the benchmarks join the lockstep command through its entry points, cli.COMMANDS)")
+
+
+# The order of the packages (docs/architecture.md): each imports only packages on the lines above its own.
+ORDER = [
+    {"common"},  # plumbing: atomic writes, backoff, trees of arrays, a process's parent
+    {"envs", "sync"},  # env ids, spaces, the vector env; the admission gate
+    {"algo", "transport"},  # PPO's math and statistics; the connection loop and its framings
+    {"config"},  # the typed config tree
+    {"models", "actor", "observe"},  # policies; the actor; counters, metrics, progress, plots
+    {"learner"},  # the rooms of the learner and their wiring
+    {"launch", "tools", "sweep"},  # who starts actors; eval and audit; sweeps of runs
+    {"api", "cli"},  # what a user calls: the Python API and the command
+    {"__main__", "__init__"},  # python -m lockstep; the package's own names
+]
+
+
+def test_each_package_imports_only_the_packages_below_it():
+    from package_graph import imports
+
+    level = {package: i for i, line in enumerate(ORDER) for package in line}
+    edges = imports(SRC)
+    unplaced = {package for edge in edges for package in edge} - set(level)
+    assert not unplaced, f"packages missing from ORDER (place them in docs/architecture.md's order): {unplaced}"
+    upward = [f"{here} imports {there} ({', '.join(files)})" for (here, there), files in edges.items()
+              if level[there] >= level[here]]
+    assert not upward, "imports that do not point down the order:\n" + "\n".join(upward)
+
+
+def test_the_order_check_finds_an_import_that_points_up(tmp_path):
+    from package_graph import imports
+
+    (tmp_path / "observe").mkdir()
+    (tmp_path / "learner").mkdir()
+    (tmp_path / "observe" / "report.py").write_text("from lockstep.learner.trainer import Trainer\n")
+    (tmp_path / "learner" / "wiring.py").write_text("def f():\n    from lockstep import observe\n")
+    assert imports(tmp_path) == {("learner", "observe"): ["learner/wiring.py"],
+                                 ("observe", "learner"): ["observe/report.py"]}
 
 
 def test_the_learner_is_the_wiring_and_never_names_a_strategy():

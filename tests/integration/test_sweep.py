@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lockstep import cli
+
 optuna = pytest.importorskip("optuna")
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sweep")]
@@ -118,10 +120,8 @@ def test_a_two_trial_sweep_writes_its_table_plots_and_a_best_yaml_that_train_acc
     assert config["ppo"]["lr"] == best.params["ppo.lr"] and config["ppo"]["total_steps"] == STEPS
     assert config["run"]["run_dir"] == "" and config["actors"]["transport"] == "inprocess"
     run_dir = tmp_path / "best"
-    result = subprocess.run([sys.executable, "-m", "lockstep", "train", "--config", str(first_sweep / "best.yaml"),
-                             "--total-steps", "1024", "--run-dir", str(run_dir)], capture_output=True, text=True,
-                            timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert cli.main(["train", "--config", str(first_sweep / "best.yaml"), "--total-steps", "1024", "--run-dir",
+                     str(run_dir), "--no-progress"]) == 0
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["ppo"]["lr"] == best.params["ppo.lr"]
 
 

@@ -9,6 +9,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,19 @@ def _local_actor_address(config: Config, port: int, local_address: str | None) -
     return f"127.0.0.1:{port}"
 
 
+@dataclass
+class _Run:
+    """What ``train`` knows of its run as it goes, shared with the learner's thread and the signal handler."""
+
+    learner: Learner | None = None  # once built
+    signal: int | None = None  # the first SIGINT or SIGTERM
+    summary: dict[str, Any] | None = None  # what the learner's ``serve`` returned
+    error: BaseException | None = None  # what it raised instead
+    forced: bool = False  # the learner had to be stopped at once
+    published: int | None = None  # the port whose token file ``publish`` wrote
+    token_file: str = ""
+
+
 def train(config: Config, run_dir: Path, token: str | None = None, resume: bool = False,
           local_actors: bool = True, parts: Parts = DEFAULT_PARTS) -> dict[str, Any]:
     """Train to the step budget; every process started here is gone when this returns.
@@ -78,18 +92,18 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     that comes before the learner serves ends the run there; a second one stops waiting. Either way
     ``Interrupted`` is raised at the end. ``parts``: see ``learner.parts``.
     """
-    run: dict[str, Any] = {}  # the learner, once built, and the first signal
-    thread = threading.Thread(target=lambda: _serve(run["learner"], run), name="lockstep-learner", daemon=True)
+    run = _Run()
+    thread = threading.Thread(target=lambda: _serve(run), name="lockstep-learner", daemon=True)
 
     def on_signal(signum, _frame) -> None:
         # Stop in order from the main loop rather than raising wherever the signal lands
         # (a KeyboardInterrupt inside a join or a waitpid can leave nothing to clean up with).
-        if "signal" in run:
+        if run.signal is not None:
             raise Interrupted(signum)  # a second Ctrl-C: stop waiting
-        run["signal"] = signum
+        run.signal = signum
         log.warning("%s: stopping the learner and the actors", signal.Signals(signum).name)
-        if "learner" in run:
-            run["learner"].stop()
+        if run.learner is not None:
+            run.learner.stop()
 
     handlers = {}
     if threading.current_thread() is threading.main_thread():
@@ -105,59 +119,59 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
         generated = not token
         token = token or security.new_token()  # a token always (security.py), never written to the run directory
         actors = launcher(config, run_dir, token) if local_actors else None
-        learner = run["learner"] = Learner(config, run_dir, token=token, resume=resume, ranks=ranks, parts=parts)
-        if "signal" not in run and actors is not None:  # else nothing is started: the run ends before it began
+        learner = run.learner = Learner(config, run_dir, token=token, resume=resume, ranks=ranks, parts=parts)
+        if run.signal is None and actors is not None:  # else nothing is started: the run ends before it began
             actors.prepare()
 
         def publish(port: int) -> str:
             """Write a generated token where actors started by hand find it (``lockstep learner`` only)."""
             if not generated or local_actors:
                 return ""
-            if run.get("published") != port:
-                run["published"], run["token_file"] = port, security.publish_token(port, token)
-            return run["token_file"]
+            if run.published != port:
+                run.published, run.token_file = port, security.publish_token(port, token)
+            return run.token_file
 
         # a fixed port's token file is written before listening, so that no actor started at the same time
         # as the learner connects before the token is there to read
         fixed = int(config.learner.listen.rsplit(":", 1)[1])
         if fixed:
             publish(fixed)
-        if "signal" not in run:
+        if run.signal is None:
             thread.start()
-            _supervise(config, run_dir, learner, actors, thread, stopped=lambda: "signal" in run,
+            _supervise(config, run_dir, learner, actors, thread, stopped=lambda: run.signal is not None,
                        publish=publish if generated else None)
     except BaseException:
         failed = True  # an error, or a second signal: the learner stops at once
         raise
     finally:
         try:
-            if "learner" in run:
-                run["forced"] = not _stop_learner(run["learner"], thread, at_once=failed)
+            if run.learner is not None:
+                run.forced = not _stop_learner(run.learner, thread, at_once=failed)
         finally:
-            if run.get("published"):
-                security.unpublish_token(run["published"])
+            if run.published:
+                security.unpublish_token(run.published)
             if actors is not None:  # and Ray, when it was started here: on every path; the actors of a learner
-                actors.stop(grace_s=0.0 if "error" in run else 5.0)  # that failed would only retry: no grace
+                actors.stop(grace_s=0.0 if run.error is not None else 5.0)  # that failed would only retry: no grace
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-    if ranks is not None and "summary" in run and not run.get("forced"):
+    summary = run.summary
+    if ranks is not None and summary is not None and not run.forced:
         ranks.close()  # every rank finished its run (a stop too is agreed): leave the process group together
-    summary = run.get("summary")
     if summary is not None and actors is not None:  # a run stopped by a signal has its summary too
         summary["actor_restarts"] = actors.restarts
         write_summary(run_dir / "summary.json", summary)
-    if "signal" in run:
-        raise Interrupted(run["signal"])
-    if "error" in run:
-        raise run["error"]
+    if run.signal is not None:
+        raise Interrupted(run.signal)
+    if run.error is not None:
+        raise run.error
     return summary
 
 
-def _serve(learner: Learner, run: dict[str, Any]) -> None:
+def _serve(run: _Run) -> None:
     try:
-        run["summary"] = learner.serve()
+        run.summary = run.learner.serve()
     except BaseException as err:
-        run["error"] = err
+        run.error = err
 
 
 def _supervise(config: Config, run_dir: Path, learner: Learner, actors: Launcher | None,

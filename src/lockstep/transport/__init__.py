@@ -1,4 +1,5 @@
-"""Transport: the gRPC protocol between actors and the learner. Moves bytes, validates shapes, knows no PPO."""
+"""Transport: how actors and the learner talk: one connection loop (connection.py) and the framings that feed it
+(gRPC, shared memory; the in-process one is the actor's). Moves bytes, validates shapes, knows no PPO."""
 
 PROTOCOL = 1  # bump when the messages change incompatibly
 SERVICE = "lockstep.v1.Learner"

@@ -243,3 +243,34 @@ def test_the_docs_table_of_the_spec_fields_is_what_the_declarations_write():
     assert spec_lib.reference() in doc, stale
     for name in spec_lib._names(spec_lib.Spec):
         assert f"| `{name}` |" in doc
+
+
+def test_a_grid_proposes_every_combination_once_in_as_many_trials():
+    optuna = pytest.importorskip("optuna")
+    from lockstep.sweep.runner import SeededByTrial
+
+    spec = spec_lib.from_dict(_spec(sampler="grid", trials=6, space={"ppo.minibatches": [4, 8],
+                                                                     "ppo.epochs": {"low": 1, "high": 3}}))
+    study = optuna.create_study(sampler=SeededByTrial(spec), direction="maximize")
+    seen = []
+
+    def objective(trial) -> float:  # the grid stops the study when it is done: from inside optimize, as a sweep runs
+        seen.append((trial.suggest_categorical("ppo.minibatches", [4, 8]), trial.suggest_int("ppo.epochs", 1, 3)))
+        return 0.0
+
+    for _ in range(6):
+        study.optimize(objective, n_trials=1)
+    assert sorted(seen) == [(m, e) for m in (4, 8) for e in (1, 2, 3)]
+
+
+def test_the_pruners_compare_every_seeds_reports_as_steps_of_one_curve():
+    optuna = pytest.importorskip("optuna")
+    from lockstep.sweep.runner import pruner
+
+    median = pruner(spec_lib.from_dict(_spec(pruner={"kind": "median", "startup_trials": 2})))
+    assert isinstance(median, optuna.pruners.MedianPruner)
+    hyperband = pruner(spec_lib.from_dict(_spec(seeds=[1, 2], pruner={"kind": "hyperband", "reports": 10,
+                                                                      "warmup": 0.2})))
+    assert isinstance(hyperband, optuna.pruners.HyperbandPruner)
+    assert (hyperband._min_resource, hyperband._max_resource) == (2, 20)  # 10 points per seed, 2 seeds
+    assert isinstance(pruner(spec_lib.from_dict(_spec(pruner={"kind": "none"}))), optuna.pruners.NopPruner)

@@ -154,6 +154,7 @@ class SeededByTrial(optuna.samplers.BaseSampler):
     A sampler seeded once draws from one random stream per process: a resumed sweep would propose its first
     trials' parameters again, and two processes sharing a study would propose the same ones. Seeded by trial
     number, what trial n proposes depends on the seed, n and the results before it, whichever process runs it.
+    A grid is shuffled by its seed once and trial n takes its n-th point: one seed for every trial.
     """
 
     def __init__(self, spec: Spec) -> None:
@@ -164,6 +165,8 @@ class SeededByTrial(optuna.samplers.BaseSampler):
         inner = self._by_trial.get(trial.number)
         if inner is None:
             seed = int(np.random.SeedSequence([self.spec.seed, trial.number]).generate_state(1)[0])
+            if self.spec.sampler == "grid":  # the grid's order comes from its seed, and trial n takes its n-th point
+                seed = self.spec.seed
             inner = self._by_trial.setdefault(trial.number, sampler(self.spec, seed))
         return inner
 

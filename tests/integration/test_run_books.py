@@ -17,7 +17,7 @@ from conftest import lockstep_cmd
 
 from lockstep.config import Config
 from lockstep.launch.local import train
-from lockstep.learner import checkpoint
+from lockstep.learner import RunFailed, checkpoint
 from lockstep.learner.rollout import Batch, TrainingPhase
 from lockstep.learner.wiring import Learner
 from lockstep.observe.metrics import MetricsWriter
@@ -50,8 +50,9 @@ def test_a_checkpoint_never_claims_an_iteration_whose_metrics_row_was_not_writte
 
     monkeypatch.setattr(MetricsWriter, "write", failing_write)
     run_dir = tmp_path / "run"
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(RunFailed, match="injected") as failed:  # the learner's own error ends the run
         train(_small_config(run_dir), run_dir)
+    assert isinstance(failed.value.__cause__, OSError)
     rows = RunDir(run_dir).metrics()
     assert [int(r["iteration"]) for r in rows] == [1, 2]
     periodic = sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*.pt"))

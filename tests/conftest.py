@@ -27,11 +27,16 @@ def lockstep_cmd() -> list[str]:
     return [sys.executable, "-m", "lockstep"]
 
 
-@pytest.fixture
-def free_port() -> int:
+def unused_port() -> int:
+    """A loopback port no one listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def free_port() -> int:
+    return unused_port()
 
 
 def learner_config(overrides: Mapping[str, Any] | None = None) -> config_lib.Config:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import unused_port
 
 from lockstep.config import Config
 from lockstep.envs import EnvSpec, SpaceSpec
@@ -27,12 +27,6 @@ from lockstep.tools import audit
 
 OBS = SpaceSpec("box", (3,), "float32", low=np.full(3, -np.inf, np.float32), high=np.full(3, np.inf, np.float32))
 SPEC = EnvSpec("test", OBS, SpaceSpec("discrete", (), "int64", n=2))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config() -> Config:
@@ -80,7 +74,7 @@ def _rank_main(rank: int, port: int, out: str) -> None:
 
 
 def test_an_empty_rank_takes_part_without_changing_the_update(tmp_path):
-    mp.spawn(_rank_main, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(unused_port(), str(tmp_path)), nprocs=2, join=True)
     single = Trainer(_config(), SPEC, torch.device("cpu"))  # one learner, the same batch
     single.train(_batch(1))
     got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
@@ -100,7 +94,7 @@ def test_torchrun_two_learners_train_one_policy_on_policy(tmp_path):
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
     torchrun = Path(sys.executable).with_name("torchrun")
     result = subprocess.run(
-        [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+        [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(unused_port()),
          "-m", "lockstep", "train", "--config", "cartpole-cleanrl", "--transport", "shm", "--steps-per-env", "32",
          "--total-steps", str(2 * 4 * 32 * 4), "--audit", "--no-progress", "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)

@@ -7,20 +7,14 @@ and with none in common every rank fails, naming each rank's iterations."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from conftest import unused_port
 
 from lockstep.learner import checkpoint
 from lockstep.learner.distributed import Ranks
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, port: int, out: str) -> None:
@@ -50,7 +44,7 @@ def _rank_main(rank: int, port: int, out: str) -> None:
 
 
 def test_every_rank_gets_the_same_decisions_and_resumes_from_the_same_iteration(tmp_path):
-    mp.spawn(_rank_main, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(unused_port(), str(tmp_path)), nprocs=2, join=True)
     expected = [(False, False), (False, True), (True, True), (False, False)]
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [g["decisions"] for g in got] == [expected, expected]

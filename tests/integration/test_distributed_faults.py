@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import unused_port
 
 pytestmark = pytest.mark.slow
 
@@ -30,17 +30,11 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 PER_ITERATION = 2 * 2 * 2 * 32  # ranks x actors x envs x steps per env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 FRESH = ("--config", "cartpole-cleanrl", "--transport", "shm", "--steps-per-env", "32")
 
 
 def _torchrun(*args: str) -> list[str]:
-    return [str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+    return [str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(unused_port()),
             "-m", "lockstep", "train", "--no-progress", *args]
 
 

@@ -231,7 +231,7 @@ class Sweep:
         self.base = self.spec.base_config()
         self.seeds = self.spec.run_seeds(self.base)
         self.layout = layout(self.base, self.spec, self.jobs, cores())
-        self.budget = objective_lib.RunBudget(self.base.ppo.total_steps, self.base.run.time_limit_s)
+        self.running: set[subprocess.Popen] = set()  # the runs training now
 
     def run(self) -> optuna.Study:
         """Run trials until the study has its ``spec.trials`` (or a signal stops it: ``self.signum``)."""
@@ -262,6 +262,8 @@ class Sweep:
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+            for proc in list(self.running):  # left by a second signal, which does not wait for them
+                proc.kill()
             queue_again = retry_callback()
             for trial in study.get_trials(deepcopy=False):
                 if trial.number in self.interrupted and trial.state == optuna.trial.TrialState.FAIL:
@@ -371,19 +373,20 @@ class Sweep:
         each point of the budget as its rows arrive, and stop it when the pruner says so; its final score."""
         run_dir.mkdir(parents=True, exist_ok=True)
         config_lib.save(config, run_dir / "config.yaml")
-        reports, spec = self.spec.pruner.reports, self.spec
+        reports, spec, budget = self.spec.pruner.reports, self.spec, self._run_budget(config)
         reported = 0  # points of the budget reported so far
         with (run_dir / "train.log").open("w") as out:
             # a session of its own: a Ctrl-C at the terminal reaches the sweep, which stops the run once, in order
             proc = subprocess.Popen([*self.lockstep, "train", "--config", str(run_dir / "config.yaml")],
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.running.add(proc)
             try:
                 while True:
                     code = proc.poll()
                     rows = RunDir(run_dir).metrics()
                     if rows and code is None:
-                        point = math.floor(self.budget.fraction(rows[-1]) * reports)
-                        value = objective_lib.score(rows, spec.objective, self._run_budget(config))
+                        point = math.floor(budget.fraction(rows[-1]) * reports)
+                        value = objective_lib.score(rows, spec.objective, budget)
                         if point > reported and value is not None:
                             for k in range(reported + 1, point + 1):
                                 trial.report(value, j * reports + k)
@@ -408,6 +411,7 @@ class Sweep:
             finally:
                 if proc.poll() is None:
                     _stop(proc)
+                self.running.discard(proc)
         if code != 0:
             tail = (run_dir / "train.log").read_text().strip().splitlines()[-1:] or ["(no output)"]
             error = f"lockstep train exited with {code}: {tail[0]} (see {run_dir / 'train.log'})"
@@ -415,7 +419,7 @@ class Sweep:
             trial.set_user_attr("error", error)
             raise TrialFailed(error)
         rows = RunDir(run_dir).metrics()
-        value = objective_lib.score(rows, spec.objective, self._run_budget(config))
+        value = objective_lib.score(rows, spec.objective, budget)
         if value is None:
             error = f"no row of {run_dir / 'metrics.csv'} has {spec.objective.metric}"
             _annotate(run_dir, trial.number, "failed", error=error)

@@ -35,13 +35,13 @@ def _check(case: Case, tmp_path_factory) -> None:
         assert expected_refusal(case) in outcome.message
 
 
-@settings(SUITE, max_examples=24)
+@settings(SUITE, max_examples=32)
 @given(case=cases())
 def test_generated_spaces_of_one_agent_train_pass_the_audit_and_evaluate(case, tmp_path_factory):
     _check(case, tmp_path_factory)
 
 
-@settings(SUITE, max_examples=12)
+@settings(SUITE, max_examples=16)
 @given(case=cases(multi_agent=True))
 def test_generated_spaces_of_agents_that_leave_early_train_and_pass_the_audit(case, tmp_path_factory):
     _check(case, tmp_path_factory)

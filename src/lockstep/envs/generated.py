@@ -131,7 +131,8 @@ class _Spaces:
         for path, leaf, *_ in self._entries:
             value = np.asarray(_part(action, path))
             if leaf.kind == "box":
-                middle = np.where(np.isfinite(leaf.high), (leaf.low + leaf.high) / 2, 0.0)
+                bounded = np.isfinite(leaf.low) & np.isfinite(leaf.high)
+                middle = np.where(bounded, (np.where(bounded, leaf.low, 0) + np.where(bounded, leaf.high, 0)) / 2, 0)
                 scores.append(-float(np.mean(np.square(np.clip(value - middle, -10, 10)))))
                 continue
             for n, choice in zip(leaf_choices(leaf), value.reshape(-1)):

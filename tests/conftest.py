@@ -56,6 +56,14 @@ def with_settings(config: config_lib.Config, overrides: Mapping[str, Any] | None
     return config
 
 
+def preset_config(name: str, run_dir: Path, overrides: Mapping[str, Any] | None = None) -> config_lib.Config:
+    """The preset ``name`` for a run in ``run_dir``, without the progress display; then ``overrides``."""
+    config = config_lib.load(name)
+    config.run.progress = False
+    config.run.run_dir = str(run_dir)
+    return with_settings(config, overrides)
+
+
 @pytest.fixture
 def tiny_config() -> config_lib.Config:
     """The smallest CartPole run a learner trains to its end: one actor with one env, one phase of 8 steps,

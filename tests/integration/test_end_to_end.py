@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import preset_config
 
 from lockstep import config as config_lib
 from lockstep.launch.local import train
@@ -14,13 +15,8 @@ from lockstep.observe.run_dir import RunDir
 pytestmark = pytest.mark.slow
 
 
-def _config(path: str, tmp_path, **overrides) -> config_lib.Config:
-    config = config_lib.load(path)
-    for key, value in overrides.items():
-        config_lib.set_value(config, key, value)
-    config.run.progress = False
-    config.run.run_dir = str(tmp_path / "run")
-    return config
+def _config(preset: str, tmp_path, **overrides) -> config_lib.Config:
+    return preset_config(preset, tmp_path / "run", overrides)
 
 
 def test_cartpole_reaches_195_within_a_short_budget(tmp_path):

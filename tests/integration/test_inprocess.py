@@ -6,6 +6,7 @@ import logging
 import sys
 
 import pytest
+from conftest import with_settings
 
 from lockstep.config import Config
 from lockstep.launch.local import train
@@ -43,10 +44,7 @@ def _config(tmp_path, **changes) -> Config:
     config.run.progress = False
     config.run.audit = True
     config.run.thresholds = []
-    for key, value in changes.items():
-        section, field = key.split(".")
-        setattr(getattr(config, section), field, value)
-    return config
+    return with_settings(config, changes)
 
 
 def test_in_process_actors_train_strictly_on_policy_and_the_audit_passes(tmp_path):

@@ -13,17 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import lockstep_cmd
+from conftest import lockstep_cmd, preset_config
 
 from lockstep import config as config_lib
 from lockstep.learner.wiring import Learner
 
 
 def _config(run_dir: Path) -> config_lib.Config:
-    config = config_lib.load("cartpole-cleanrl")
-    config.learner.listen = "127.0.0.1:0"
-    config.run.progress, config.run.run_dir = False, str(run_dir)
-    return config
+    return preset_config("cartpole-cleanrl", run_dir, {"learner.listen": "127.0.0.1:0"})
 
 
 @pytest.mark.parametrize("before", [True, False], ids=["stop-before-serve", "stop-right-after-serve-starts"])

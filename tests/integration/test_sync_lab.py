@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import preset_config
 from lockstep_bench import hooks
 from lockstep_bench.reference import DESIGNS
 from lockstep_bench.runs import Knobs
@@ -17,13 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def _config(tmp_path, strategy: str, **overrides) -> config_lib.Config:
-    config = config_lib.load("cartpole-cleanrl")
-    config.sync.strategy = strategy
-    config.run.progress = False
-    config.run.run_dir = str(tmp_path / "run")
-    for key, value in overrides.items():
-        config_lib.set_value(config, key, value)
-    return config
+    return preset_config("cartpole-cleanrl", tmp_path / "run", {"sync.strategy": strategy, **overrides})
 
 
 def test_strict_with_random_delays_and_16_actors_trains_only_on_policy(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from conftest import preset_config
 
 from lockstep import config as config_lib
 from lockstep.launch.local import train
@@ -15,11 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 def _config(run_dir) -> config_lib.Config:
-    config = config_lib.load("cartpole-cleanrl")
-    config.actors.transport = "inprocess"
-    config.ppo.steps_per_env, config.ppo.total_steps = 32, 2 * 2 * 32 * 3
-    config.run.progress, config.run.wandb, config.run.run_dir = False, True, str(run_dir)
-    return config
+    return preset_config("cartpole-cleanrl", run_dir, {"actors.transport": "inprocess", "ppo.steps_per_env": 32,
+                                                       "ppo.total_steps": 2 * 2 * 32 * 3, "run.wandb": True})
 
 
 def test_a_run_logs_offline_to_its_directory_without_credentials(tmp_path, monkeypatch):

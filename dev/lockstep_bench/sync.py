@@ -45,7 +45,7 @@ class Workload:
         the threads of its forward passes."""
         if strategy not in reference.DESIGNS:
             return Knobs(jitter_ms=self.jitter_ms if self.adversarial else 0.0)
-        threads = min(self.inference_threads, max(1, self.actors - 1)) if self.adversarial else 2
+        threads = min(self.inference_threads, max(1, self.actors - 1)) if self.adversarial else Knobs.inference_threads
         return Knobs(jitter_ms=self.jitter_ms if self.adversarial else 0.0, design=strategy,
                      inference_threads=threads)
 

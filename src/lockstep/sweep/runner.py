@@ -238,6 +238,9 @@ class Sweep:
         self.out.mkdir(parents=True, exist_ok=True)
         optuna.logging.set_verbosity(optuna.logging.ERROR)  # the progress lines say it
         study = open_study(self.spec, self.out, self.storage, self.study_name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # a dead process's trials: failed and queued again, counted so
         trials = study.get_trials(deepcopy=False)
         if not trials:
             for params in self.spec.first:

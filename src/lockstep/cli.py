@@ -401,14 +401,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "sweep")
     p.add_argument("spec", metavar="SPEC.yaml", help="the sweep's spec (docs/sweeps.md)")
-    p.add_argument("--out", required=True, metavar="DIR", help="the sweep directory: trials/, the tables, best.yaml, "
-                                                                 "plots, and the study (study.db) by default")
+    p.add_argument("--out", required=True, metavar="OUT",
+                   help="the sweep directory: OUT/trials/, the tables, best.yaml, plots, and the study (OUT/study.db) "
+                        "by default")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="trials at once on this machine, each a process (default 1); runs step their envs in the "
                         "learner process where N runs' actor processes would not fit the cores")
     p.add_argument("--storage", metavar="URL",
                    help="an Optuna storage URL (e.g. postgresql://user:pass@host/db, sqlite:///path.db) that several "
-                        "sweep processes share; default: sqlite in DIR")
+                        "sweep processes share; default: OUT/study.db")
     p.add_argument("--study", metavar="NAME", help="the study's name in the storage (default: SPEC's file name)")
     p.set_defaults(func=cmd_sweep)
     _add_plugins(sub)

@@ -185,7 +185,7 @@ def actor_options(args: argparse.Namespace) -> ActorOptions:
             config_lib.set_value(config, dotted, getattr(args, dotted))
     return ActorOptions(learner=args.learner, env=config.env.id, obs_keys=tuple(config.env.obs_keys),
                         env_kwargs=config.env.vector_kwargs(),
-                        envs_per_actor=config.actors.envs_per_actor,
+                        envs_per_actor=config.actors.envs_per_actor, vector=config.actors.vector,
                         actor_id=args.actor_id, connect_timeout=args.connect_timeout, retry_for_s=args.retry_for,
                         token=security.token_from(args.token), tls_ca=args.tls_ca,
                         tls_server_name=args.tls_server_name)
@@ -205,7 +205,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
 # the config fields `lockstep actor` takes, with its flags for them (--num-envs: the name it had before)
 ACTOR_SETTINGS = {"env.id": ("--env",), "env.obs_keys": ("--obs-keys",), "env.kwargs": ("--env-kwargs",),
                   "env.agent_id": ("--agent-id",), "env.action_mask_key": ("--action-mask-key",),
-                  "actors.envs_per_actor": ("--envs-per-actor", "--num-envs")}
+                  "actors.envs_per_actor": ("--envs-per-actor", "--num-envs"), "actors.vector": ("--vector",)}
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -287,7 +287,8 @@ HELP = {
               "Steps --envs-per-actor copies of --env and sends every observation to the learner at --learner.\n"
               "Exits 0 when training ends, 1 when no learner answers for --retry-for seconds, 2 when the\n"
               "learner refuses it or its TLS settings cannot work (the log line names the flag to fix), 3\n"
-              "when its learner failed 3 times with no action in between (the log line names its error).\n"
+              "when its learner failed 3 times with no action in between (the log line names its error), 4\n"
+              "when a process of one of its envs died (--vector async; the log line names the env).\n"
               "Imports no torch: requirements-actor.txt is all it needs.",
               "lockstep actor --learner learner-host:50051 --token SECRET --envs-per-actor 32 --actor-id 1\n"
               "lockstep actor --learner learner-host:50051 --tls-ca ca.pem --env atari:BreakoutNoFrameskip-v4"),

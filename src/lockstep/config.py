@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 Transport = Literal["shm", "grpc", "inprocess"]
 Launcher = Literal["local", "ray"]
+VectorMode = Literal["sync", "async"]
 EventLoop = Literal["auto", "asyncio", "uvloop"]
 InferenceKernel = Literal["auto", "torch"]
 ModelKind = Literal["auto", "mlp", "nature-cnn", "small-cnn"]
@@ -100,6 +101,10 @@ class ActorsConfig:
     count: int = setting(2, "actors `lockstep train` starts (for `lockstep learner`: the actors it expects)",
                          flag="--actors", ge=1)
     envs_per_actor: int = setting(2, "environments in each actor's vector env", flag="--envs-per-actor", ge=1)
+    vector: VectorMode = setting(
+        "sync", "how an actor steps its envs: sync (one after the other, in the actor's process) or async (each in a "
+                "process of its own, side by side: for envs that take milliseconds a step; Gymnasium ids, actor "
+                "processes and Ray actors)", flag="--vector")
     transport: Transport = setting(
         "shm", "how `lockstep train`'s local actors reach the learner: shm (actor processes; shared memory and a "
                "unix socket), grpc (actor processes over loopback) or inprocess (env loops as tasks in the learner "
@@ -358,6 +363,12 @@ class Config:
             (not self.run.eval_every or not _parallel_multiagent(self.env.id),
              f"run.eval_every plays single-agent episodes; {self.env.id} is a multi-agent env, whose returns "
              "are in metrics.csv: leave run.eval_every at 0"),
+            (self.actors.vector == "sync" or self.actors.transport != "inprocess" or self.actors.launcher == "ray",
+             "actors.vector async steps each env in a process of its own, and the inprocess transport steps envs on "
+             "the learner's event loop, for envs cheaper than a process round trip: use actors.transport shm"),
+            (self.actors.vector == "sync" or self.env.id.partition(":")[0] not in ("envpool", "pettingzoo"),
+             f"actors.vector async steps Gymnasium envs in processes of their own; {self.env.id} has a vector env "
+             "of its own: leave actors.vector at sync"),
             (not self.model.critic_lstm or self.model.lstm_size > 0,
              "model.critic_lstm gives the critic its own LSTM: it needs model.lstm_size > 0"),
         ]

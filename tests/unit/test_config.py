@@ -365,6 +365,19 @@ def test_validate_catches_a_value_outside_its_choices_assigned_directly():
         c.validate()
 
 
+@pytest.mark.parametrize("settings, fix", [
+    ({"actors.transport": "inprocess"}, "use actors.transport shm"),
+    ({"env.id": "envpool:Pong-v5"}, "leave actors.vector at sync"),
+])
+def test_envs_in_processes_are_refused_where_they_cannot_run(settings, fix):
+    c = Config()
+    c.actors.vector = "async"
+    for dotted, value in settings.items():
+        set_value(c, dotted, value)
+    with pytest.raises(ConfigError, match=fix):
+        c.validate()
+
+
 # --- declarations: choices and ranges -----------------------------------------------------------
 
 

@@ -1,14 +1,18 @@
 """The actor's vector env (``envs.vector.SameStepVectorEnv``) against Gymnasium's ``SyncVectorEnv`` in
-same-step autoreset: the same observations, rewards, flags, final observations and episode statistics."""
+same-step autoreset, and its envs in processes (``SameStepAsyncVectorEnv``, ``actors.vector: async``) against it:
+the same observations, rewards, flags, final observations and episode statistics."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
 from lockstep import envs
-from lockstep.envs.vector import SameStepVectorEnv
+from lockstep.envs.vector import EnvProcessDied, SameStepAsyncVectorEnv, SameStepVectorEnv
 
 
 def _pair(env_id: str, n: int, **kwargs):
@@ -24,7 +28,17 @@ def _pair(env_id: str, n: int, **kwargs):
     ("Hopper-v5", {"max_episode_steps": 40}),  # a MuJoCo env, whose infos hold numbers at every step
 ])
 def test_each_step_is_gymnasiums_same_step_autoreset(env_id, kwargs):
-    ours, theirs = _pair(env_id, 3, **kwargs)
+    _assert_same_steps(*_pair(env_id, 3, **kwargs))
+
+
+def test_envs_in_processes_step_as_the_envs_in_the_actor():
+    ours = envs.make_vector_env("CartPole-v1", 3, {"max_episode_steps": 30}, vector="async")
+    assert isinstance(ours.env, SameStepAsyncVectorEnv)
+    _assert_same_steps(ours, envs.make_vector_env("CartPole-v1", 3, {"max_episode_steps": 30}))
+
+
+def _assert_same_steps(ours: envs.FinishedEpisodes, theirs: envs.FinishedEpisodes) -> None:
+    """150 steps of random actions from the same seeds: every step's arrays and infos alike."""
     try:
         obs_a, _ = ours.reset(seed=[1, 2, 3])
         obs_b, _ = theirs.reset(seed=[1, 2, 3])
@@ -65,3 +79,24 @@ def test_the_actor_steps_this_vector_env():
         assert isinstance(vec.env, SameStepVectorEnv)
     finally:
         vec.close()
+
+
+def test_an_env_process_that_dies_is_named_and_the_others_end():
+    vec = envs.make_vector_env("CartPole-v1", 2, vector="async")
+    processes = vec.env.processes
+    try:
+        vec.reset(seed=[1, 2])
+        vec.step(np.zeros(2, np.int64))
+        os.kill(processes[1].pid, signal.SIGKILL)
+        with pytest.raises(EnvProcessDied, match=rf"env 1 of 2 \(CartPole-v1\) died: its process "
+                                                 rf"{processes[1].pid} ended \(killed by SIGKILL\)"):
+            vec.step(np.zeros(2, np.int64))
+        assert not processes[0].is_alive()  # the actor is not left with half a vector env
+    finally:
+        vec.close()
+
+
+@pytest.mark.parametrize("env_id", ["envpool:Pong-v5", "pettingzoo:lockstep.envs.departures"])
+def test_async_is_for_gymnasium_envs(env_id):
+    with pytest.raises(ValueError, match="leave actors.vector at sync"):
+        envs.make_vector_env(env_id, 2, vector="async")

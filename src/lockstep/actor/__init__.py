@@ -31,6 +31,9 @@ log = logging.getLogger("lockstep.actor")
 # a learner restarted after a failure may serve again, but one that fails the same way each time would not.
 LEARNER_FAILURES = 3
 
+# the exit code of an actor one of whose env processes died (actors.vector async): a restart starts new ones
+ENV_DIED = 4
+
 
 @dataclass
 class ActorOptions:
@@ -39,6 +42,7 @@ class ActorOptions:
     obs_keys: tuple[str, ...] = ()  # env.obs_keys: the keys of a Dict observation to keep (empty: all)
     env_kwargs: dict = field(default_factory=dict)  # env.kwargs: for the env's constructor
     envs_per_actor: int = ActorsConfig.envs_per_actor  # envs; a multi-agent env's vector has a slot per agent
+    vector: str = ActorsConfig.vector  # actors.vector: sync, or async (each env in a process of its own)
     actor_id: int = 0
     connect_timeout: float = 60.0  # for each connection attempt
     retry_for_s: float = 300.0  # keep reconnecting this long after the learner went away (0: never)
@@ -133,10 +137,14 @@ def run(opts: ActorOptions) -> int:
     """Connect, act until the learner finishes training, reconnecting if it goes away. Returns an exit code:
     0 training finished, 1 no learner (any more), 2 the learner refused this actor or the actor's connection
     settings cannot work with it (one log line names the cause and the flag that fixes it), 3 the learner
-    failed ``LEARNER_FAILURES`` times without an action in between (the log line names its error)."""
-    vec = envs_lib.make_vector_env(opts.env, opts.envs_per_actor, opts.env_kwargs)
+    failed ``LEARNER_FAILURES`` times without an action in between (the log line names its error), 4
+    (``ENV_DIED``) a process of one of its envs died (the log line names the env)."""
+    vec = envs_lib.make_vector_env(opts.env, opts.envs_per_actor, opts.env_kwargs, opts.vector)
     try:
         return _run(opts, vec)
+    except envs_lib.EnvProcessDied as err:
+        log.error("actor %d: %s; exiting", opts.actor_id, err)
+        return ENV_DIED
     finally:
         vec.close()
 

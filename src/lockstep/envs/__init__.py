@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +72,8 @@ from lockstep.envs.spaces import leaf_choices as leaf_choices
 from lockstep.envs.spaces import stack_records as stack_records
 from lockstep.envs.spaces import to_records as to_records
 from lockstep.envs.spaces import with_action_mask as with_action_mask
-from lockstep.envs.vector import SameStepVectorEnv
+from lockstep.envs.vector import EnvProcessDied as EnvProcessDied
+from lockstep.envs.vector import SameStepAsyncVectorEnv, SameStepVectorEnv, env_process
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,11 @@ class EnvSpec:
     action: SpaceSpec
     agents: int = 1  # slots per env: a PettingZoo parallel env's agents, each env's in consecutive slots
 
+
+VECTOR_MODES = ("sync", "async")  # actors.vector: the actor's envs stepped in its process, or each in its own
+# the schemes whose vector envs are lockstep's own, which actors.vector async cannot put in processes
+ASYNC_REFUSED = {"envpool": "is EnvPool's vector env, which steps its envs in C++ threads already",
+                 "pettingzoo": "is a PettingZoo env, whose vector env is lockstep's own"}
 
 # scheme -> make(name, training=True, **kwargs): the env of the id "scheme:name"
 SCHEMES: dict[str, Callable[..., gym.Env]] = {
@@ -195,8 +202,11 @@ class FinishedEpisodes(gym.vector.VectorWrapper):
         return obs, reward, terminated, truncated, infos
 
 
-def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None) -> gym.vector.VectorEnv:
-    """A synchronous vector env of ``make_env(env_id)`` that resets finished episodes in the same step.
+def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None,
+                    vector: str = "sync") -> gym.vector.VectorEnv:
+    """A vector env of ``make_env(env_id)`` that resets finished episodes in the same step: stepped one env after
+    the other in this process (``vector="sync"``) or each env in a process of its own (``"async"``,
+    ``actors.vector``; Gymnasium ids only).
 
     Same-step autoreset means every observation sent to the learner is one to act
     on, and a truncated episode's last observation arrives in ``infos["final_obs"]``.
@@ -206,8 +216,16 @@ def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = 
     kwargs = kwargs or {}
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+    if vector not in VECTOR_MODES:
+        raise ValueError(f"actors.vector must be one of {', '.join(VECTOR_MODES)}, got {vector!r}")
     scheme, _, name = env_id.partition(":")
     _check_agent_id(env_id, kwargs)
+    if vector == "async":
+        if scheme in ASYNC_REFUSED:
+            raise ValueError(f"actors.vector async steps Gymnasium envs in processes of their own; {env_id} "
+                             f"{ASYNC_REFUSED[scheme]}: leave actors.vector at sync")
+        make = functools.partial(env_process, os.getpid(), functools.partial(make_env, env_id, **kwargs))
+        return FinishedEpisodes(SameStepAsyncVectorEnv([make] * num_envs, env_id))
     if scheme == "envpool":  # EnvPool steps the envs in C++ threads, with the same-step semantics (wrappers/envpool.py)
         if kwargs:
             raise ValueError(f"{env_id}: env.kwargs are not passed to EnvPool; leave env.kwargs empty")

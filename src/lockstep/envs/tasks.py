@@ -4,10 +4,13 @@
 solve it. It is the suite's quick check that recurrent state reaches the right slot at the
 right step, and a diagnostic for users wiring their own recurrent policy. ``SplitCartPole`` is
 CartPole-v1 with its vector declared as a Dict: what a structured observation's policy learns against
-the same vector flat.
+the same vector flat. ``Slow`` is CartPole-v1 whose step takes milliseconds, as a simulator's does: what
+``actors.vector: async`` is for (``lockstep bench vector``).
 """
 
 from __future__ import annotations
+
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -210,3 +213,21 @@ class Forbidden(gym.Env):
         if done:
             self._t = 0
         return self._obs(), reward, done, False, {}
+
+
+class Slow(gym.Wrapper):
+    """CartPole-v1 (``kwargs`` for ``gym.make``) whose every step takes ``step_ms`` more milliseconds: asleep (an
+    env that waits on a simulator or a device) or, with ``busy``, computing on the core (an env that simulates)."""
+
+    def __init__(self, step_ms: float = 2.0, busy: bool = False, **kwargs) -> None:
+        super().__init__(gym.make("CartPole-v1", **kwargs))
+        self.step_s, self.busy = step_ms / 1000.0, busy
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if self.busy:
+            end = time.perf_counter() + self.step_s
+            while time.perf_counter() < end:
+                pass
+        else:
+            time.sleep(self.step_s)
+        return self.env.step(action)

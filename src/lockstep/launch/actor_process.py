@@ -9,12 +9,17 @@ the standard library only, and takes its options as a plain dict, so that unpick
 
 from __future__ import annotations
 
+import multiprocessing
+
 from lockstep.common.process import die_with_parent
 
 
 def main(options: dict, log_level: int, parent: int) -> None:
     """Entry point of a spawned actor: die with ``parent`` (its pid), then run the actor with ``options``."""
     die_with_parent(parent)
+    # spawned as a daemon, which multiprocessing forbids to start processes; an actor whose envs run in processes
+    # of their own (actors.vector async) starts them, and they die with it as it dies with its parent
+    multiprocessing.current_process().daemon = False
     from lockstep.actor import ActorOptions, process_main  # numpy, Gymnasium, gRPC: only now
 
     process_main(ActorOptions(**options), log_level)

@@ -54,7 +54,7 @@ def launcher(config: Config, run_dir: Path, token: str | None) -> Launcher:
                                env.vector_kwargs())
     tls = config.learner.tls_cert or None
     options = [ActorOptions(learner="", env=env.id, obs_keys=tuple(env.obs_keys), env_kwargs=env.vector_kwargs(),
-                            envs_per_actor=actors.envs_per_actor,
+                            envs_per_actor=actors.envs_per_actor, vector=actors.vector,
                             actor_id=i, token=token,
                             tls_ca=tls, tls_server_name="localhost" if tls else None) for i in range(actors.count)]
     return ActorProcesses(options, policy,

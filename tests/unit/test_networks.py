@@ -58,3 +58,32 @@ def test_image_pixels_enter_the_network_in_zero_to_one_whatever_cnn_takes_them()
         encoder, _ = leaf_encoder(leaf)
         scaled = encoder[0](torch.full((1, c, h, w), top, dtype=torch.uint8))  # the first module: the scale
         assert scaled.max().item() == brightest, (c, h, w, top)
+
+
+def test_a_discrete_observation_enters_one_hot_and_a_tiny_grid_as_a_vector():
+    """FrozenLake's Discrete(16) observation is an index: one-hot before the MLPs (a [B] batch, not [B, 1]);
+    a [C, H, W] grid under 3x3 pixels is too small for the CNNs' 3x3 convolution: an MLP's vector, flat or as
+    a Dict leaf; model.kind small-cnn on it is refused by name."""
+    import gymnasium as gym
+    import numpy as np
+    import pytest
+
+    from lockstep.config import ModelConfig
+    from lockstep.envs import SpaceSpec, action_spec
+    from lockstep.models import build_policy
+    from lockstep.models.build import torso_kind
+
+    act = action_spec(gym.spaces.Discrete(4))
+    cases = [(gym.spaces.Discrete(16), 0), (gym.spaces.Discrete(16), 8), (gym.spaces.MultiDiscrete([3, 5]), 0)]
+    for space, lstm in cases:
+        policy = build_policy(SpaceSpec.from_space(space), act, ModelConfig(hidden=[8], lstm_size=lstm))
+        obs = torch.as_tensor(np.stack([space.sample() for _ in range(6)]))  # [6] or [6, 2] indices
+        _, _, value, _ = policy.step(obs, torch.rand(6, policy.noise_width), torch.as_tensor(policy.initial_state(6)))
+        assert value.shape == (6,)
+    tiny = SpaceSpec.from_space(gym.spaces.Box(0, 255, (1, 2, 2), np.uint8))
+    assert torso_kind(tiny, "auto") == "mlp" and not tiny.image
+    build_policy(tiny, act, ModelConfig(hidden=[8])).features(torch.zeros(3, 1, 2, 2))  # normalized: floats
+    leaf = SpaceSpec.from_space(gym.spaces.Dict({"view": gym.spaces.Box(0, 255, (3, 2, 5), np.uint8)}))
+    build_policy(leaf, act, ModelConfig(hidden=[8])).features({"view": torch.zeros(3, 3, 2, 5, dtype=torch.uint8)})
+    with pytest.raises(ValueError, match=r"model.kind small-cnn needs image observations .* of at least 3x3"):
+        build_policy(tiny, act, ModelConfig(hidden=[8], kind="small-cnn"))

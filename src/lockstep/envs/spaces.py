@@ -32,6 +32,7 @@ LEAF_SPACES = "Box, Discrete, MultiDiscrete and MultiBinary"
 # multi-agent env's agent has left its episode early (``envs.pettingzoo``). The learner trains on no step
 # whose flag is 0 (``learner.rollout.Batch.valid``).
 ACTIVE_LEAF = "agent_active"
+MIN_IMAGE_SIDE = 3  # the smallest height and width the CNNs' 3x3 convolution takes; a smaller grid is a vector
 AGENT_ID_LEAF = "agent_id"  # env.agent_id: the one-hot index of a multi-agent slot's agent (``envs.pettingzoo``)
 
 
@@ -90,8 +91,10 @@ class SpaceSpec:
 
     @property
     def image(self) -> bool:
-        """An image-like leaf: a uint8 Box of [C, H, W] (the CNN family encodes it, scaling its pixels)."""
-        return self.kind == "box" and self.dtype == "uint8" and len(self.shape) == 3
+        """An image-like leaf: a uint8 Box of [C, H, W], H and W at least ``MIN_IMAGE_SIDE`` (the CNN family
+        encodes it, scaling its pixels)."""
+        return (self.kind == "box" and self.dtype == "uint8" and len(self.shape) == 3
+                and min(self.shape[1:]) >= MIN_IMAGE_SIDE)
 
     def paths(self) -> tuple[str, ...]:
         return tuple(path for path, _ in self.leaves)

@@ -20,6 +20,7 @@ from lockstep.algo.normalize import (
     ObsNormalizer,
     RunningMeanStd,
     as_tensors,
+    normalized,
     observation_statistics,
 )
 from lockstep.config import Config, ConfigError
@@ -149,7 +150,9 @@ class Trainer:
             ranks.broadcast(self.model)
         self.optimizer = adam(list(self.model.parameters()), config.ppo.lr, config.ppo.adam_eps)
         self.spec = spec
-        self.obs_rms = observation_statistics(spec.observation) if config.env.normalize_obs else None
+        # a flat observation is normalized where a tree's leaf of its kind would be: a Box, not an image
+        normalizable = spec.observation.tree or normalized(spec.observation)
+        self.obs_rms = observation_statistics(spec.observation) if config.env.normalize_obs and normalizable else None
         self.reward_scaler = (RewardScaler(config.ppo.gamma, config.env.clip_reward, self._update_rms)
                               if config.env.normalize_reward else None)
         self.generator = torch.Generator().manual_seed(config.run.seed)

@@ -13,12 +13,12 @@ import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 from torch import nn
 
 from lockstep.config import ModelConfig, setting_of
 from lockstep.envs import SpaceSpec
-from lockstep.models.encoders import LeafEncoders
+from lockstep.envs.spaces import MIN_IMAGE_SIDE
+from lockstep.models.encoders import LeafEncoders, flat_encoder
 from lockstep.models.feedforward import ActorCritic, LeafActorCritic, TorsoActorCritic
 from lockstep.models.networks import mlp_torso, nature_cnn, pixel_scale, small_cnn
 from lockstep.models.policy import Policy
@@ -27,13 +27,13 @@ from lockstep.models.recurrent import RecurrentPolicy
 
 def torso_kind(observation: SpaceSpec, kind: str) -> str:
     """``model.kind`` resolved: auto takes a CNN for image observations [C, H, W] (the Nature CNN from
-    36 pixels up, the small MinAtar CNN below) and the MLP for everything else (for a Dict or Tuple
-    observation: after the per-leaf encoders)."""
+    36 pixels up, the small MinAtar CNN below, none under 3: ``MIN_IMAGE_SIDE``) and the MLP for everything
+    else (for a Dict or Tuple observation: after the per-leaf encoders)."""
     if kind != "auto":
         return kind
     if observation.tree:
         return "mlp"
-    if len(observation.shape) == 3:
+    if len(observation.shape) == 3 and min(observation.shape[1:]) >= MIN_IMAGE_SIDE:
         return "nature-cnn" if min(observation.shape[1:]) >= 36 else "small-cnn"
     return "mlp"
 
@@ -64,14 +64,18 @@ def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Pol
         trunk, width = mlp_torso(encoders.width, model.hidden, model.activation)
         torso: nn.Module = nn.Sequential(encoders, trunk)
     elif kind in ("nature-cnn", "small-cnn"):
-        if len(observation.shape) != 3:
-            raise ValueError(f"model.kind {kind} needs image observations [C, H, W], got shape {observation.shape}")
+        if len(observation.shape) != 3 or min(observation.shape[1:]) < MIN_IMAGE_SIDE:
+            raise ValueError(f"model.kind {kind} needs image observations [C, H, W] of at least {MIN_IMAGE_SIDE}x"
+                             f"{MIN_IMAGE_SIDE} pixels, got shape {observation.shape}; model.kind mlp takes any")
         make = nature_cnn if kind == "nature-cnn" else small_cnn
         torso, width = make(observation.shape[0], tuple(observation.shape[1:]), pixel_scale(observation))
     elif kind == "mlp":
         if model.lstm_size == 0:
             return ActorCritic(observation, action, model.hidden, model.activation, model.init_log_std)
-        torso, width = mlp_torso(int(np.prod(observation.shape)), model.hidden, model.activation)
+        encode, inputs = flat_encoder(observation)
+        torso, width = mlp_torso(inputs, model.hidden, model.activation)
+        if encode is not None:
+            torso = nn.Sequential(encode, torso)
     else:
         raise ValueError(f"unknown model.kind {kind!r}; kinds: {', '.join(setting_of('model.kind').choices)}")
     if model.lstm_size > 0:

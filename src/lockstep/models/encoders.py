@@ -62,6 +62,14 @@ def leaf_encoder(leaf: SpaceSpec) -> tuple[nn.Module, int]:
     return Flat(), math.prod(leaf.shape)
 
 
+def flat_encoder(observation: SpaceSpec) -> tuple[nn.Module | None, int]:
+    """What a flat (not Dict or Tuple) observation goes through before an MLP, and the width it gives: the
+    one-hot of a Discrete or MultiDiscrete one (an index is no magnitude), None for the values themselves."""
+    if observation.kind in ("discrete", "multi_discrete"):
+        return leaf_encoder(observation)
+    return None, math.prod(observation.shape)
+
+
 class LeafEncoders(nn.Module):
     """A dict of leaves {path: [B, *leaf]} -> the concatenated features [B, width] of each leaf's encoder."""
 

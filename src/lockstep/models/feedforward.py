@@ -8,12 +8,11 @@ images). All answer the API of ``policy.Policy`` through ``features``.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from lockstep.envs import SpaceSpec
-from lockstep.models.encoders import LeafEncoders
+from lockstep.models.encoders import LeafEncoders, flat_encoder
 from lockstep.models.networks import layer, mlp
 from lockstep.models.policy import Policy
 
@@ -24,16 +23,19 @@ class ActorCritic(Policy):
     def __init__(self, observation: SpaceSpec, action: SpaceSpec, hidden: list[int],
                  activation: str = "tanh", init_log_std: float = 0.0) -> None:
         super().__init__(action, init_log_std)
-        obs_dim = int(np.prod(observation.shape))
+        self.encode, obs_dim = flat_encoder(observation)  # a Discrete observation's one-hot, else None
         self.critic = mlp(obs_dim, hidden, 1, activation, 1.0)
         self.actor = mlp(obs_dim, hidden, self.action_dim, activation, 0.01)
 
+    def _flat(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.flatten(1) if self.encode is None else self.encode(obs)  # [B, obs_dim]
+
     def features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        flat = obs.flatten(1)
+        flat = self._flat(obs)
         return self.actor(flat), self.critic(flat).squeeze(-1)
 
     def value_after(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs.flatten(1)).squeeze(-1)  # the actor's half of the pass is not needed
+        return self.critic(self._flat(obs)).squeeze(-1)  # the actor's half of the pass is not needed
 
 
 class LeafActorCritic(Policy):

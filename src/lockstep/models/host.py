@@ -14,7 +14,7 @@ log-prob's terms, ``tools.audit``) covers the difference, as it covers torch's o
 products. A run stays bitwise repeatable: the same shapes give the same bits on every run.
 
 It takes only what it computes exactly as ``Policy.step`` does: an ``ActorCritic`` itself (a subclass may
-change its forward pass), one Discrete or Box action without an action mask, flat observations, and batches
+change its forward pass), one Discrete or Box action without an action mask, flat Box observations, and batches
 whose largest layer product OpenBLAS computes on the calling thread (``MAX_PRODUCT``), so that no BLAS
 thread wakes beside the trainer. Everything else goes to torch (``PolicySnapshot.step``).
 """
@@ -56,8 +56,8 @@ class HostStep:
     def of(cls, model: nn.Module, normalize, device: torch.device) -> HostStep | None:
         """The numpy step of ``model`` (frozen: its parameters are copied) with ``normalize`` (an
         ``ObsNormalizer`` of a flat observation), or None where it would not compute what torch computes."""
-        if (device.type != "cpu" or type(model) is not ActorCritic or model.heads is not None or model.action_mask
-                or getattr(normalize, "leaves", None) is not None):
+        if (device.type != "cpu" or type(model) is not ActorCritic or model.encode is not None
+                or model.heads is not None or model.action_mask or getattr(normalize, "leaves", None) is not None):
             return None
         layers = [_layers(model.actor), _layers(model.critic)]
         if None in layers:

@@ -167,8 +167,8 @@ class AuditReport:
             if first.snapshots:
                 lag = ("every sample produced by the version that trained on it" if first.max_lag == 0
                        else f"every sample within lag {first.max_lag} of the version that trained on it")
-                parts.append(f"{name}: {lag}, every log-prob recomputed within {self.tolerance:g} by the version "
-                             "stamped on it")
+                parts.append(f"{name}: {lag}, every log-prob recomputed within {self.tolerance:g} (and float32's "
+                             "rounding of its terms) by the version stamped on it")
             else:
                 differing = sum(it.differing for it in group)
                 lag_max = max(it.lag_max for it in group)

@@ -10,6 +10,7 @@ from conftest import with_settings
 
 from lockstep.config import Config
 from lockstep.launch.local import train
+from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
 
 FAILING_ENV = '''
@@ -70,6 +71,18 @@ def test_an_in_process_actor_whose_env_raises_is_restarted_and_its_unroll_droppe
     assert summary["transitions_collected"] == summary["transitions_trained"] + summary["dropped_transitions"]
     _, _, after = caplog.text.partition("(in process) failed; restarting in")
     assert after and "joined" in after  # the failed actor said hello again
+
+
+def test_a_run_whose_every_actor_died_for_good_ends_with_an_error_instead_of_waiting(tmp_path, monkeypatch):
+    """One actor, no restarts, an env that raises at its 50th step: nothing is left to collect a phase."""
+    (tmp_path / "failingenv.py").write_text(FAILING_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("failingenv", None)
+    config = _config(tmp_path, **{"env.id": "failingenv:make", "run.audit": False, "actors.count": 1,
+                                  "actors.envs_per_actor": 1, "actors.restarts": 0, "ppo.total_steps": 10**6})
+    with pytest.raises(RuntimeError, match="every actor exited while training, and none is due to restart"):
+        train(config, tmp_path / "run")
+    assert len(RunDir(tmp_path / "run").metrics()) >= 2  # it trained before the env failed
 
 
 @pytest.mark.parametrize("transport", ["inprocess"])

@@ -200,8 +200,10 @@ def _supervise(config: Config, run_dir: Path, learner: Learner, actors: Launcher
             progress.update(learner.status)
             if actors is not None:
                 actors.check(training=not learner.status.finished)
-                if not learner.status.started and actors.all_exited():
-                    raise RuntimeError("every actor exited before training started; see the log above")
+                if not learner.status.finished and actors.all_exited():  # no one is left to collect a phase
+                    when = ("while training, and none is due to restart (actors.restarts)" if learner.status.started
+                            else "before training started")
+                    raise RuntimeError(f"every actor exited {when}; see the log above")
 
 
 def _stop_learner(learner: Learner, thread: threading.Thread, at_once: bool) -> bool:

@@ -186,6 +186,17 @@ def cmd_bench_spaces(args: argparse.Namespace) -> int:
     return 1 if report["failed"] else 0
 
 
+def cmd_bench_vector(args: argparse.Namespace) -> int:
+    from lockstep_bench import vector
+
+    out = Path(args.out)
+    rows = vector.run(out, envs=args.envs, step_ms=args.step_ms, phases=args.phases)
+    (out / "vector.md").write_text("\n".join(vector.markdown(rows, args.envs, args.step_ms, args.phases)) + "\n")
+    print((out / "vector.md").read_text())
+    print(f"wrote {out / 'vector.md'} and {out / 'vector.json'}")
+    return 1 if any(r["error"] for r in rows) else 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``bench`` command and its subcommands, under the main parser's ``sub``."""
     bench = sub.add_parser("bench", help="benchmarks; each writes a table and JSON to --out")
@@ -314,3 +325,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the share of examples that are PettingZoo slots whose agents leave early")
     p.add_argument("--timeout-s", type=float, default=120.0, help="an example still running then has failed")
     p.set_defaults(func=cmd_bench_spaces)
+
+    p = bench_sub.add_parser("vector", help="env steps/s of envs that take milliseconds a step: 1 actor x N envs "
+                                            "sync, 1 x N async (actors.vector), N actors x 1 env")
+    p.add_argument("--out", default="bench-results/vector", help="folder for vector.md, vector.json and runs/")
+    p.add_argument("--envs", type=int, default=8, help="N: the envs of each layout")
+    p.add_argument("--step-ms", type=float, default=2.0, help="the milliseconds each env step takes")
+    p.add_argument("--phases", type=int, default=12, help="phases of 32 steps per env each run collects")
+    p.set_defaults(func=cmd_bench_vector)

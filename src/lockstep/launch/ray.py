@@ -230,7 +230,7 @@ class RayActors:
             code, died, cause = None, True, f"died (worker pid {actor.pid} on {actor.host}): {reason}"
         else:
             died, cause = False, (f"exited with code {code} (1: no learner; 2: refused; 3: the learner failed; "
-                                  "see its log above)")
+                                  "4: an env process died; see its log above)")
             if code == FINISHED:
                 log.info("actor %d finished", actor.actor_id)
         delay = self.policy.delay(actor.actor_id, code, cause, training)

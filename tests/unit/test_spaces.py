@@ -230,3 +230,14 @@ def test_a_custom_policy_gets_a_dict_of_tensors_one_per_leaf():
     assert actions.shape == (3,)
     assert policy.seen == [{"clock": (torch.float32, (3, 2)), "image": (torch.uint8, (3, 1, 5, 5)),
                             "step": (torch.int64, (3,))}]
+
+
+def test_each_slot_of_a_vector_env_gets_its_own_row_of_every_action_part():
+    """What PettingZoo slots and turn-based self-play step each game with (``spaces.slot_action``)."""
+    from lockstep.envs.spaces import slot_action
+
+    parts = {"button": np.array([0, 2]), "dial": np.array([[0.5], [-0.5]], np.float32)}
+    assert slot_action(parts, 1)["button"] == 2 and slot_action(parts, 1)["dial"].tolist() == [-0.5]
+    pair = (np.array([1, 0]), np.array([[1, 1], [0, 1]]))
+    assert slot_action(pair, 0)[0] == 1 and slot_action(pair, 0)[1].tolist() == [1, 1]
+    assert slot_action(np.array([3, 4]), 1) == 4

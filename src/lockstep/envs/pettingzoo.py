@@ -31,7 +31,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from lockstep.envs.spaces import ACTIVE_LEAF, AGENT_ID_LEAF
+from lockstep.envs.spaces import ACTIVE_LEAF, AGENT_ID_LEAF, slot_action
 
 OBSERVATION_LEAF = "observation"  # where an agent's observation goes when it is not a Dict itself
 AGENT_ID_KWARG = "_lockstep_agent_id"  # env.agent_id among the vector env's kwargs (``config.EnvConfig.vector_kwargs``)
@@ -146,7 +146,7 @@ class ParallelSlots(gym.vector.VectorEnv):
         for e, env in enumerate(self.envs):
             live = list(env.agents)
             observations, rewards, terms, truncs, _ = env.step(
-                {agent: _slot_action(actions, e * A + self.agents.index(agent)) for agent in live})
+                {agent: slot_action(actions, e * A + self.agents.index(agent)) for agent in live})
             for i, agent in enumerate(self.agents):
                 slot = e * A + i
                 if agent not in live:  # left earlier: an inactive step (module docstring)
@@ -185,16 +185,6 @@ def make_vector(module_name: str, num_envs: int, kwargs: dict[str, Any] | None =
     agent_id = bool(kwargs.pop(AGENT_ID_KWARG, False))
     mask_key = str(kwargs.pop(MASK_KEY_KWARG, DEFAULT_MASK_KEY))
     return ParallelSlots(parallel_factory(module_name, kwargs), num_envs, agent_id, mask_key)
-
-
-def _slot_action(actions: Any, slot: int) -> Any:
-    """One slot's action out of the vector env's (``envs.env_actions``): an array [k, ...], or for a Dict or Tuple
-    action its parts, each [k, ...], of which the slot gets its row."""
-    if isinstance(actions, dict):
-        return {key: part[slot] for key, part in actions.items()}
-    if isinstance(actions, tuple):
-        return tuple(part[slot] for part in actions)
-    return actions[slot]
 
 
 def _inactive_obs(space: gym.Space, mask_key: str, path: str = "") -> Any:

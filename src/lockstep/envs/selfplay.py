@@ -32,6 +32,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
+from lockstep.envs.spaces import slot_action
+
 SCHEME = "pettingzoo"
 
 Opponent = Callable[[Any, np.ndarray], np.ndarray]  # (obs [k, *obs], waiting [k] bool) -> actions [k]
@@ -122,13 +124,12 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
         return self._observe(), {}
 
     def stepping(self, actions) -> Plies:
-        actions = np.asarray(actions)
         reward = np.zeros(self.num_envs, np.float64)
         terminated, truncated = np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool)
         info: dict[str, Any] = {}
         for i in range(self.num_envs):
             self._length[i] += 1
-            self._ply(i, actions[i], reward, terminated, truncated, info)
+            self._ply(i, slot_action(actions, i), reward, terminated, truncated, info)
         yield from self._opponents(terminated, truncated, reward, info)
         return self._observe(), reward.astype(np.float32), terminated, truncated, info
 
@@ -172,7 +173,7 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
                                         create_empty_array(self.single_observation_space, self.num_envs)), waiting
             for i in np.flatnonzero(waiting):
                 self.opponent_moves += 1
-                self._ply(i, np.asarray(actions)[i], reward, terminated, truncated, info)
+                self._ply(i, slot_action(actions, i), reward, terminated, truncated, info)
 
     def _observe(self) -> Any:
         obs = [game.observe(me) for game, me in zip(self.games, self.learner)]

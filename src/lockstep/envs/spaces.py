@@ -313,6 +313,16 @@ def action_entries(spec: SpaceSpec) -> list[tuple[str, SpaceSpec, int, int]]:
     return entries
 
 
+def slot_action(actions: Any, slot: int) -> Any:
+    """One slot's action out of a vector env's (``env_actions``): an array [k, ...], or for a Dict or Tuple action
+    its parts, each [k, ...], of which the slot gets its row."""
+    if isinstance(actions, dict):
+        return {key: part[slot] for key, part in actions.items()}
+    if isinstance(actions, tuple):
+        return tuple(part[slot] for part in actions)
+    return actions[slot]
+
+
 def env_actions(actions: np.ndarray, spec: SpaceSpec) -> Any:
     """Actions [k, *act] as the learner sends them -> what the vector env steps with: for a Box the array
     clipped to its bounds (the learner keeps the unclipped sample), for a Discrete the array, for the flat

@@ -43,6 +43,9 @@ PARTS = (
     ("lockstep.transport.shm.server", "_Peer", "_readable"),
     ("lockstep.transport.shm.server", "_Peer", "send"),
     ("selectors", "EpollSelector", "select"),
+    ("lockstep.transport.grpc.server", None, "_deserialize"),  # grpc.aio calls it per request, on the loop
+    ("lockstep.transport.grpc.server", "GrpcFraming", "decode"),
+    ("lockstep.transport.grpc.server", "GrpcFraming", "reply"),
     ("lockstep.learner.trainer", "Trainer", "train"),
 )
 

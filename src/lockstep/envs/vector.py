@@ -110,7 +110,7 @@ class SameStepAsyncVectorEnv(AsyncVectorEnv):
         """Turn a pipe that broke because its process ended into ``EnvProcessDied`` naming that env."""
         try:
             yield
-        except (EOFError, OSError) as err:  # OSError: BrokenPipeError, ConnectionResetError
+        except (EOFError, BrokenPipeError, ConnectionResetError) as err:  # what a pipe to an ended process raises
             dead = self._dead_process()
             self._state = AsyncState.DEFAULT  # no call pending any more: the processes are ended, not waited for
             self.close(terminate=True)

@@ -1,5 +1,6 @@
 """An actor whose envs run in processes of their own (``actors.vector: async``): one of them killed mid-run is
-named in the actor's last log line, and the actor exits with its code for it (4) and leaves no env process behind."""
+named in the actor's last log line, and the actor exits with its code for it (4) and leaves no env process behind;
+an actor killed outright takes its env processes with it."""
 
 from __future__ import annotations
 
@@ -53,3 +54,29 @@ def test_an_env_process_killed_mid_run_is_named_and_its_actor_exits(running_lear
     while _alive(envs[0]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(envs[0]), "the actor left an env process running"
+
+
+def test_env_processes_end_with_an_actor_killed_outright(running_learner, tmp_path):
+    """Killed in the middle of a step of a minute: an env process that waited to hear from its actor would live on
+    until its step ended."""
+    slow = {"env.id": "lockstep.envs.tasks:Slow", "env.kwargs": {"step_ms": 60_000}}
+    learner = running_learner(slow)
+    log = tmp_path / "actor.log"
+    with open(log, "w") as out:
+        actor = subprocess.Popen([*lockstep_cmd(), "actor", "--learner", learner.address, "--env", slow["env.id"],
+                                  "--env-kwargs", "{step_ms: 60000}", "--envs-per-actor", "2", "--vector", "async"],
+                                 stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "connected to" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        envs = _env_processes(actor.pid)
+        assert len(envs) == 2, log.read_text()
+        time.sleep(1.0)  # the first actions have come back: the envs are asleep in their step
+    finally:
+        actor.kill()
+        actor.wait()
+    deadline = time.monotonic() + 10
+    while any(map(_alive, envs)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, envs)), "an env process outlived its actor"

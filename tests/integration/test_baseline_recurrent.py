@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "src" / "lockstep" / "presets"
 
 
 def test_the_baseline_trains_the_masked_cartpole_lstm_preset(tmp_path):

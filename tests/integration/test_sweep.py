@@ -168,8 +168,10 @@ def test_a_trial_worse_than_the_median_is_pruned_and_its_summary_says_so(folder)
     assert trials[0].state.name == "COMPLETE"
     assert trials[1].state.name == "PRUNED" and trials[1].params["ppo.lr"] == 1.0e-8, log
     summary = _summary(out / "trials" / "trial-0001")
-    assert summary["sweep"]["state"] == "pruned" and summary["env_steps"] < 8192
-    assert summary["sweep"]["pruned_at"]["env_steps"] <= summary["env_steps"]
+    # decided from the rows before the budget was spent; the run stops at the next row it writes, which on a
+    # fast machine can be its last
+    assert summary["sweep"]["state"] == "pruned" and summary["sweep"]["pruned_at"]["env_steps"] < 8192
+    assert summary["sweep"]["pruned_at"]["env_steps"] <= summary["env_steps"] <= 8192
     assert "trial 1: pruned at" in log
     assert (out / "trials.csv").read_text().splitlines()[2].startswith("1,pruned,")
 

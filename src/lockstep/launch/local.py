@@ -200,7 +200,10 @@ def _supervise(config: Config, run_dir: Path, learner: Learner, actors: Launcher
             progress.update(learner.status)
             if actors is not None:
                 actors.check(training=not learner.status.finished)
-                if not learner.status.finished and actors.all_exited():  # no one is left to collect a phase
+                # no one is left to collect a phase; with several learners a rank without actors closes its
+                # phases empty and trains on with the others
+                alone = not learner.status.started or learner.ranks is None
+                if alone and not learner.status.finished and actors.all_exited():
                     when = ("while training, and none is due to restart (actors.restarts)" if learner.status.started
                             else "before training started")
                     raise RuntimeError(f"every actor exited {when}; see the log above")

@@ -360,9 +360,6 @@ class Config:
              "(Linux and macOS), or use learner.event_loop asyncio"),
             (not self.env.agent_id or _parallel_multiagent(self.env.id),
              f"env.agent_id adds an agent index to a PettingZoo parallel env's observations; {self.env.id} is none"),
-            (not self.run.eval_every or not _parallel_multiagent(self.env.id),
-             f"run.eval_every plays single-agent episodes; {self.env.id} is a multi-agent env, whose returns "
-             "are in metrics.csv: leave run.eval_every at 0"),
             (self.actors.vector == "sync" or self.actors.transport != "inprocess" or self.actors.launcher == "ray",
              "actors.vector async steps each env in a process of its own, and the inprocess transport steps envs on "
              "the learner's event loop, for envs cheaper than a process round trip: use actors.transport shm"),

@@ -35,6 +35,12 @@ copies that frozen snapshot's parameters into the request, as it copies the newe
 win rates against each (``eval_win_rate_random``, ``eval_win_rate_oldest`` and ``eval_oldest_version``).
 The learning seat alternates game by game, as in training.
 
+PettingZoo parallel envs (``pettingzoo:MODULE`` with a ``parallel_env()``). The episodes are whole episodes of
+one env, the policy acting for every agent (``episodes.play_parallel``, as ``lockstep eval`` plays them):
+``eval_return_*`` are per agent, over every agent's episode returns (as ``episode_return_mean`` is), and
+``eval_team_return_mean`` the mean of the episodes' team returns (their agents' returns summed).
+summary.json and ``best.pt`` also hold each policy's mean return (``policies``).
+
 What comes back: an ``EvalResult`` per evaluation. The report writes it into the next metrics row
 (``eval_return_mean``, ``eval_return_std``, and ``eval_iteration`` and ``eval_env_steps`` of the version
 evaluated). An evaluation whose mean return is higher than every earlier one of the run (a resumed run
@@ -84,14 +90,16 @@ class EvalResult:
     iteration: int
     env_steps: int
     version: int
-    returns: list[float]  # [episodes] each episode's return, as the env recorded it
-    lengths: list[int]  # [episodes]
+    returns: list[float]  # [episodes] each episode's return, as the env recorded it (parallel env: each agent's)
+    lengths: list[int]  # [episodes] (a parallel env's episodes: the env's steps)
     seconds: float  # wall time of the evaluation, in its process
     best: bool = False  # the best of the run so far: written as checkpoints/best.pt
     video: str | None = None  # the folder of its videos
     warning: str | None = None  # what it could not do (a video), and that evaluations go on without it
     error: str | None = None  # why it failed (then there are no returns)
     outcomes: dict[str, float] = dataclasses.field(default_factory=dict)  # a self-play game's win rates
+    team_returns: list[float] = dataclasses.field(default_factory=list)  # a parallel env's [episodes], agents' summed
+    policies: dict[str, float] = dataclasses.field(default_factory=dict)  # ... each policy's mean return per agent
 
     @property
     def return_mean(self) -> float:
@@ -102,13 +110,21 @@ class EvalResult:
         """The population std over the episodes (numpy's default, as ``lockstep eval`` reports it)."""
         return statistics.pstdev(self.returns) if self.returns else math.nan
 
+    @property
+    def team_return_mean(self) -> float:
+        """A parallel env's mean team return; NaN for other envs."""
+        return statistics.fmean(self.team_returns) if self.team_returns else math.nan
+
     FIGURES = ("iteration", "env_steps", "version", "episodes", "return_mean", "return_std")
 
     def figures(self) -> dict[str, Any]:
-        """What summary.json and best.pt hold of it (the keys of ``FIGURES``, and a game's ``outcomes``)."""
+        """What summary.json and best.pt hold of it (the keys of ``FIGURES``, a game's ``outcomes``, and a
+        parallel env's team return and policies' returns; its ``episodes`` are the env's)."""
+        team = ({"team_return_mean": self.team_return_mean, "policies": dict(self.policies)} if self.team_returns
+                else {})
         return {"iteration": self.iteration, "env_steps": self.env_steps, "version": self.version,
-                "episodes": len(self.returns), "return_mean": self.return_mean, "return_std": self.return_std,
-                **self.outcomes}
+                "episodes": len(self.lengths), "return_mean": self.return_mean, "return_std": self.return_std,
+                **self.outcomes, **team}
 
 
 def eval_seed(config: Config) -> int:
@@ -193,9 +209,10 @@ class Evaluator:
         self.last = result
         if result.best:
             self.best = result.figures()
-        log.info("evaluation of iteration %d (%d env steps): return %.1f ± %.1f over %d episodes in %.1f s%s%s",
-                 result.iteration, result.env_steps, result.return_mean, result.return_std, len(result.returns),
+        log.info("evaluation of iteration %d (%d env steps): return %.1f ± %.1f over %d episodes in %.1f s%s%s%s",
+                 result.iteration, result.env_steps, result.return_mean, result.return_std, len(result.lengths),
                  result.seconds, "".join(f", {key} {value:g}" for key, value in result.outcomes.items()),
+                 f" per agent, team return {result.team_return_mean:.1f}" if result.team_returns else "",
                  "; best so far, checkpoints/best.pt" if result.best else "")
         return result
 
@@ -261,16 +278,18 @@ class _Evaluation:
 
     def __init__(self, run_dir: Path, seed: int, episodes: int, deterministic: bool, best: float) -> None:
         from lockstep.envs.selfplay import is_game
-        from lockstep.learner.episodes import load_config
+        from lockstep.learner.episodes import load_config, parallel_module
 
         self.run_dir, self.seed, self.episodes, self.deterministic = run_dir, seed, episodes, deterministic
         self.best = best  # the mean return a new best.pt must beat
         self.config = load_config(run_dir)
         self.video = True  # until a video could not be made
         self.game = is_game(self.config.env.id)  # games are played against random moves and the oldest member
+        self.parallel = parallel_module(self.config.env.id) is not None  # whole episodes, every agent acting
+        self.agents: tuple[str, ...] = ()  # a parallel env's possible_agents, once it has been made
 
     def evaluate(self, request: dict[str, Any]) -> EvalResult:
-        from lockstep.learner.episodes import EvalError, outcomes
+        from lockstep.learner.episodes import EvalError, outcomes, policy_of_agents, policy_returns
 
         start = time.perf_counter()
         result = EvalResult(request["iteration"], request["env_steps"], request["version"], [], [], 0.0)
@@ -284,6 +303,12 @@ class _Evaluation:
                 result.warning, self.video, video = f"no video ({err}); evaluations go on without one", False, None
                 played = self._play(request, None)
             result.returns, result.lengths = [e.ret for e in played], [e.length for e in played]
+            if self.parallel:  # per agent, the team and each policy (module docstring)
+                agents = list(self.agents)
+                result.returns = [r for e in played for r in e.returns.values()]
+                result.team_returns = [e.ret for e in played]
+                result.policies = {name: statistics.fmean(returns) for name, returns
+                                   in policy_returns(played, agents, policy_of_agents(agents)).items() if returns}
             if self.game:
                 result.outcomes["win_rate_random"] = outcomes(result.returns)["win_rate"]
                 if request["oldest"] is not None:
@@ -293,7 +318,7 @@ class _Evaluation:
                     result.outcomes["oldest_version"] = oldest["version"]
         except Exception as err:  # the process stays for the next version; the learner logs it
             result.error = "".join(traceback.format_exception_only(err)).strip()
-            result.returns, result.lengths, result.outcomes = [], [], {}
+            result.returns, result.lengths, result.outcomes, result.team_returns, result.policies = [], [], {}, [], {}
             return result
         result.video = video and str(video)
         if result.return_mean > self.best:
@@ -310,6 +335,8 @@ class _Evaluation:
         from lockstep.envs.selfplay import RandomOpponent
         from lockstep.learner.episodes import ModelOpponent, env_specs, make, play
 
+        if self.parallel:
+            return self._play_parallel(request, video)
         env = make(self.config.env.id, video is not None, self.config.env.kwargs)
         try:
             specs = env_specs(env, self.config.env)
@@ -325,6 +352,27 @@ class _Evaluation:
                         self.seed, torch.device("cpu"), video)
         finally:
             env.close()
+
+    def _play_parallel(self, request: dict[str, Any], video: Path | None) -> list:
+        """The episodes of the request's version on a PettingZoo parallel env, acting for every agent; its agents
+        (``possible_agents``) are kept as ``agents``."""
+        import torch
+
+        from lockstep.algo.normalize import stored_moments
+        from lockstep.learner.episodes import make_slots, play_parallel, slot_specs, slots_act
+
+        env = self.config.env
+        slots = make_slots(env.id, env.vector_kwargs(), video is not None)
+        try:
+            self.agents = tuple(slots.agents)
+            specs = slot_specs(slots, env)
+            mean, var = stored_moments(request["obs_rms"])
+            model, normalize = self._policy(specs, request["parameters"], mean, var, f"version {request['version']}")
+            act = slots_act(model, normalize, specs, self.deterministic, self.seed, torch.device("cpu"),
+                            len(self.agents))
+            return play_parallel(slots, act, specs[0], self.episodes, self.seed, video)
+        finally:
+            slots.close()
 
     def _policy(self, specs, parameters: dict[str, Any], mean, var, name: str):
         import torch

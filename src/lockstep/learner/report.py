@@ -250,7 +250,8 @@ def _eval_columns(result: EvalResult | None) -> dict[str, Any]:
         return {}
     return {"eval_return_mean": result.return_mean, "eval_return_std": result.return_std,
             "eval_iteration": result.iteration, "eval_env_steps": result.env_steps,
-            **{f"eval_{key}": value for key, value in result.outcomes.items()}}
+            **{f"eval_{key}": value for key, value in result.outcomes.items()},
+            **({"eval_team_return_mean": result.team_return_mean} if result.team_returns else {})}
 
 
 def _eval_status(result: EvalResult | None) -> dict[str, Any]:

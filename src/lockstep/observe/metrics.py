@@ -26,13 +26,14 @@ COLUMNS = [
     "wasted_forward_passes", "rejected_rpcs", "torn_reads", "stalls", "torn_reads_used", "skipped_updates",
     "evicted_actors", "skipped_evaluations", "eval_return_mean", "eval_return_std", "eval_iteration", "eval_env_steps",
     "eval_win_rate_random", "eval_win_rate_oldest", "eval_oldest_version", "team_episodes", "team_return_mean",
+    "eval_team_return_mean",
 ]
 # An evaluation while training's columns: empty except in the row written after it finished; its values
 # belong to the version of eval_iteration (eval_env_steps), TensorBoard's event for them is at that step.
 # A self-play game's also have its win rates against random moves and the oldest pool member, and that
-# member's version.
+# member's version; a PettingZoo parallel env's its mean team return (eval_return_* are per agent there).
 EVAL_COLUMNS = ("eval_return_mean", "eval_return_std", "eval_iteration", "eval_env_steps",
-                "eval_win_rate_random", "eval_win_rate_oldest", "eval_oldest_version")
+                "eval_win_rate_random", "eval_win_rate_oldest", "eval_oldest_version", "eval_team_return_mean")
 
 
 Key = tuple[int, ...]  # where an episode stands in the order of episodes: (step counter, actor id, index)
@@ -207,7 +208,7 @@ class MetricsWriter:
             self._scalars(row, [key for key in COLUMNS[3:] if key not in EVAL_COLUMNS] + per_part,
                           int(row["env_steps"]))
             if row.get("eval_env_steps") is not None:
-                self._scalars(row, EVAL_COLUMNS[:2] + EVAL_COLUMNS[4:6], int(row["eval_env_steps"]))
+                self._scalars(row, EVAL_COLUMNS[:2] + EVAL_COLUMNS[4:6] + EVAL_COLUMNS[7:], int(row["eval_env_steps"]))
 
     def _scalars(self, row: dict[str, Any], keys, step: int) -> None:
         """One TensorBoard event at ``step`` with the row's numbers of ``keys``."""

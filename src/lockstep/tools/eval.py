@@ -8,6 +8,12 @@ trainer state holds the network (``model``) and the observation statistics (``ob
 normalized with; the policy here is the one the learner served at that version.
 
 How it plays and records video: ``learner.episodes``, the one episode loop, also evaluation while training's.
+
+A PettingZoo parallel env (``pettingzoo:MODULE`` with a ``parallel_env()``) plays whole episodes of its env
+with the policy acting for every agent (``episodes.play_parallel``); the report has each agent's returns
+(until it left), each policy's (the returns of the agents it acts for: today every agent's policy is the run's
+one, ``shared``) and the team's (each episode's agents' returns summed). Its ``return_*`` figures are per
+agent, over every agent's episodes, as metrics.csv's ``episode_return_mean`` is.
 """
 
 from __future__ import annotations
@@ -32,11 +38,19 @@ from lockstep.learner.episodes import (
     Episode,
     EvalError,
     ModelOpponent,
+    TeamEpisode,
     env_specs,
     load_config,
     make,
+    make_slots,
     outcomes,
+    parallel_module,
     play,
+    play_parallel,
+    policy_of_agents,
+    policy_returns,
+    slot_specs,
+    slots_act,
 )
 from lockstep.models import Policy
 from lockstep.models.load import PolicyMismatch, load_policy
@@ -53,16 +67,31 @@ class EvalReport:
     env_id: str
     deterministic: bool
     seed: int
-    episodes: list[Episode] = field(default_factory=list)
+    episodes: list[Episode | TeamEpisode] = field(default_factory=list)
     opponent: str | None = None  # a self-play game's opponent: random, self or a run directory
+    agents: list[str] | None = None  # a parallel env's agents (possible_agents order); None for other envs
+    policy_of_agent: tuple[str, ...] = ()  # ... the policy that acts for each
 
     @property
     def returns(self) -> np.ndarray:
+        """[episodes] each episode's return (a parallel env's: the team return)."""
         return np.array([e.ret for e in self.episodes], np.float64)
 
+    def agent_returns(self) -> dict[str, list[float]]:
+        """A parallel env's agents' returns, episode by episode (an agent absent from an episode has none)."""
+        return {a: [e.returns[a] for e in self.episodes if a in e.returns] for a in self.agents}
+
+    def policy_returns(self) -> dict[str, list[float]]:
+        """A parallel env's policies' returns: those of the agents each acts for (``episodes.policy_returns``)."""
+        return policy_returns(self.episodes, self.agents, self.policy_of_agent)
+
     def to_dict(self) -> dict[str, Any]:
-        returns, lengths = self.returns, np.array([e.length for e in self.episodes], np.float64)
+        lengths = np.array([e.length for e in self.episodes], np.float64)
         data = asdict(self)
+        del data["agents"], data["policy_of_agent"]
+        if self.agents is not None:
+            return {**data, **self.team_figures(), "length_mean": float(lengths.mean())}
+        returns = self.returns
         data["episodes"] = [{"return": e.ret, "length": e.length, "frames": e.frames, "video": e.video}
                             for e in self.episodes]
         data.update(return_mean=float(returns.mean()), return_std=float(returns.std()),
@@ -72,8 +101,35 @@ class EvalReport:
             data.update(self.outcomes())
         return data
 
+    def team_figures(self) -> dict[str, Any]:
+        """A parallel env's episodes and figures: per agent over every agent's episodes (``return_*``), per
+        policy, per agent and of the team."""
+        agents = self.agent_returns()
+        policies = self.policy_returns()
+        return {
+            "episodes": [{"team_return": e.ret, "length": e.length, "frames": e.frames, "video": e.video,
+                          "agents": {a: {"return": r, "length": e.lengths[a]} for a, r in e.returns.items()}}
+                         for e in self.episodes],
+            **_figures([r for returns in agents.values() for r in returns], "return_"),
+            "policies": {name: {"agents": [a for a, p in zip(self.agents, self.policy_of_agent, strict=True)
+                                           if p == name], **_figures(returns)}
+                         for name, returns in policies.items()},
+            "agents": {agent: _figures(returns) for agent, returns in agents.items()},
+            "team": _figures(list(self.returns)),
+        }
+
     def outcomes(self) -> dict[str, float]:
         return outcomes(self.returns)
+
+
+def _figures(returns: list[float], prefix: str = "") -> dict[str, Any]:
+    """Mean, population std, min and max of ``returns``, and how many there are (NaN and 0 for none)."""
+    values = np.array(returns, np.float64)
+    if not len(values):
+        return {f"{prefix}mean": math.nan, f"{prefix}std": math.nan, f"{prefix}min": math.nan,
+                f"{prefix}max": math.nan, f"{prefix}count": 0}
+    return {f"{prefix}mean": float(values.mean()), f"{prefix}std": float(values.std()),
+            f"{prefix}min": float(values.min()), f"{prefix}max": float(values.max()), f"{prefix}count": len(values)}
 
 
 def load_from_checkpoint(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, action: SpaceSpec,
@@ -105,6 +161,11 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
     torch_device = prepare_device(device)  # on a GPU in float32, as the learner served it
     env_config = load_config(run_dir).env
     env_id = env_config.id
+    if parallel_module(env_id) is not None:
+        if opponent is not None:
+            raise EvalError(f"--opponent plays a turn-based game's other seats; {env_id} is no self-play game")
+        return _evaluate_parallel(run_dir, env_config, episodes, deterministic, seed, torch_device, checkpoint,
+                                  video_dir, on_episode)
     env = make(env_id, video_dir is not None, env_config.kwargs)
     try:
         obs_spec, act_spec = env_specs(env, env_config)
@@ -124,6 +185,23 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
         env.close()
 
 
+def _evaluate_parallel(run_dir: Path, env_config: config_lib.EnvConfig, episodes: int, deterministic: bool,
+                       seed: int, device: torch.device, checkpoint: str | None, video_dir: Path | None,
+                       on_episode) -> EvalReport:
+    """``evaluate`` of a PettingZoo parallel env: the run's policy acting for every agent."""
+    slots = make_slots(env_config.id, env_config.vector_kwargs(), video_dir is not None)
+    try:
+        specs = slot_specs(slots, env_config)
+        _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, *specs, device)
+        report = EvalReport(str(run_dir), str(path), iteration, env_config.id, deterministic, seed,
+                            agents=list(slots.agents), policy_of_agent=policy_of_agents(list(slots.agents)))
+        act = slots_act(model, normalize, specs, deterministic, seed, device, len(slots.agents))
+        report.episodes = play_parallel(slots, act, specs[0], episodes, seed, video_dir, on_episode)
+        return report
+    finally:
+        slots.close()
+
+
 def write_report(report: EvalReport, out: Path) -> Path:
     return atomic_write(out, json.dumps(report.to_dict(), indent=2) + "\n")
 
@@ -138,6 +216,23 @@ def _opponent(name: str, model: Policy, normalize: ObsNormalizer, specs: tuple[S
         return ModelOpponent(model, normalize, obs_spec, seed, device)
     _, other, other_normalize, _, _ = load_from_checkpoint(Path(name), None, obs_spec, act_spec, device)
     return ModelOpponent(other, other_normalize, obs_spec, seed, device)
+
+
+def team_lines(report: EvalReport) -> list[str]:
+    """A parallel env's figures: each policy's returns per agent, the team's, each agent's."""
+    data = report.team_figures()
+
+    def spread(figures: dict[str, Any]) -> str:
+        std = "" if figures["count"] < 2 else f" ± {figures['std']:.1f}"
+        return f"{figures['mean']:.1f}{std}"
+
+    lines = [f"policy {name} ({', '.join(figures['agents'])}): mean return {spread(figures)} per agent over "
+             f"{figures['count']} agent episodes" for name, figures in data["policies"].items()]
+    team = data["team"]
+    lines.append(f"team: mean return {spread(team)} over {team['count']} episodes (min {team['min']:.1f}, max "
+                 f"{team['max']:.1f}; mean length {np.mean([e.length for e in report.episodes]):.1f})")
+    lines += [f"{agent}: mean return {spread(figures)}" for agent, figures in data["agents"].items()]
+    return lines
 
 
 def summary_line(report: EvalReport) -> str:
@@ -157,9 +252,14 @@ def main(run_dir: Path, *, episodes: int = 10, deterministic: bool = False, seed
          opponent: str | None = None) -> int:
     """``lockstep eval``: play, print each episode and the summary, write eval.json; the exit code."""
 
-    def show(i: int, episode: Episode) -> None:
+    def show(i: int, episode: Episode | TeamEpisode) -> None:
         recorded = f", {episode.frames} frames in {episode.video}" if episode.video else ""
-        print(f"episode {i + 1}: return {episode.ret:.1f}, length {episode.length}{recorded}", flush=True)
+        if isinstance(episode, TeamEpisode):
+            agents = ", ".join(f"{agent} {ret:.1f}" for agent, ret in episode.returns.items())
+            print(f"episode {i + 1}: team return {episode.ret:.1f}, length {episode.length}{recorded}; {agents}",
+                  flush=True)
+        else:
+            print(f"episode {i + 1}: return {episode.ret:.1f}, length {episode.length}{recorded}", flush=True)
 
     try:
         report = evaluate(run_dir, episodes, deterministic, seed, device, checkpoint,
@@ -168,7 +268,11 @@ def main(run_dir: Path, *, episodes: int = 10, deterministic: bool = False, seed
         print(f"lockstep: {err}", file=sys.stderr)
         return 2
     path = write_report(report, Path(out) if out else run_dir / "eval.json")
-    print(f"{report.env_id}, {Path(report.checkpoint).name} (iteration {report.iteration}), "
-          f"{'deterministic' if deterministic else 'sampled'} actions: {summary_line(report)}")
+    played = (f"{report.env_id}, {Path(report.checkpoint).name} (iteration {report.iteration}), "
+              f"{'deterministic' if deterministic else 'sampled'} actions")
+    if report.agents is not None:
+        print("\n  ".join([f"{played}:", *team_lines(report)]))
+    else:
+        print(f"{played}: {summary_line(report)}")
     print(f"wrote {path}")
     return 0

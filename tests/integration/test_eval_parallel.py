@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import threading
 import time
 
@@ -126,6 +127,12 @@ def test_an_opponent_for_a_parallel_env_is_refused(departures, capsys):
     assert "no self-play game" in capsys.readouterr().err
 
 
+def test_a_video_of_an_env_that_does_not_render_is_a_clear_error(departures, tmp_path, capsys):
+    assert cli.main(["eval", str(departures), "--episodes", "1", "--video", str(tmp_path / "videos")]) == 2
+    assert "cannot record pettingzoo:lockstep.envs.departures: its parallel_env does not take render_mode" in (
+        capsys.readouterr().err)
+
+
 def test_each_policys_returns_are_those_of_its_agents():
     episodes = [TeamEpisode({"a": 1.0, "b": 2.0, "c": 4.0}, {"a": 1, "b": 1, "c": 1}, 1),
                 TeamEpisode({"a": 8.0, "c": 16.0}, {"a": 1, "c": 1}, 1)]  # b absent from the second
@@ -133,10 +140,12 @@ def test_each_policys_returns_are_those_of_its_agents():
     assert [e.ret for e in episodes] == [7.0, 24.0]
 
 
-def test_evaluation_while_training_a_parallel_env_writes_per_agent_and_team_returns(tmp_path):
+def test_evaluation_while_training_a_parallel_env_writes_per_agent_and_team_returns(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="lockstep.learner.evaluation")
     config = learner_config({"env.id": DEPARTURES, "actors.envs_per_actor": 2, "actors.transport": "inprocess",
                              "ppo.steps_per_env": 20, "ppo.epochs": 1, "model.hidden": [8], "learner.device": "cpu",
-                             "run.thresholds": [], "run.eval_every": 1, "run.eval_episodes": 2})
+                             "run.thresholds": [], "run.eval_every": 1, "run.eval_episodes": 2,
+                             "run.eval_video_every": 1000})  # the first evaluation tries a video: departures has none
     run_dir = tmp_path / "run"
     learner = Learner(config, run_dir)
     result = {}
@@ -161,6 +170,7 @@ def test_evaluation_while_training_a_parallel_env_writes_per_agent_and_team_retu
     last = result["summary"]["evaluation"]["last"]
     assert last["episodes"] == 2 and last["policies"] == {SHARED_POLICY: pytest.approx(last["return_mean"])}
     assert last["team_return_mean"] == pytest.approx(3 * last["return_mean"])
+    assert "no video (cannot record pettingzoo:lockstep.envs.departures" in caplog.text  # and it went on without
 
 
 def _rows(run_dir) -> list[dict[str, str]]:

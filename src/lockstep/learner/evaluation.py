@@ -209,10 +209,11 @@ class Evaluator:
         self.last = result
         if result.best:
             self.best = result.figures()
-        log.info("evaluation of iteration %d (%d env steps): return %.1f ± %.1f over %d episodes in %.1f s%s%s%s",
-                 result.iteration, result.env_steps, result.return_mean, result.return_std, len(result.lengths),
-                 result.seconds, "".join(f", {key} {value:g}" for key, value in result.outcomes.items()),
+        log.info("evaluation of iteration %d (%d env steps): return %.1f ± %.1f%s over %d episodes in %.1f s%s%s",
+                 result.iteration, result.env_steps, result.return_mean, result.return_std,
                  f" per agent, team return {result.team_return_mean:.1f}" if result.team_returns else "",
+                 len(result.lengths), result.seconds,
+                 "".join(f", {key} {value:g}" for key, value in result.outcomes.items()),
                  "; best so far, checkpoints/best.pt" if result.best else "")
         return result
 

@@ -11,14 +11,24 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from conftest import learner_config
 
 from lockstep import cli
+from lockstep.envs import to_records
 from lockstep.envs.departures import LIFETIMES
 from lockstep.launch.inprocess import InProcessActors
 from lockstep.launch.local import train
 from lockstep.launch.restart import RestartPolicy
-from lockstep.learner.episodes import SHARED_POLICY, TeamEpisode, policy_returns
+from lockstep.learner.episodes import (
+    SHARED_POLICY,
+    TeamEpisode,
+    load_config,
+    make_slots,
+    policy_returns,
+    slot_specs,
+    slots_act,
+)
 from lockstep.learner.wiring import Learner
 from lockstep.tools import eval as evaluation
 
@@ -107,6 +117,25 @@ def test_parallel_eval_is_repeatable_for_a_seed_deterministic_or_sampled(departu
     assert returns(5, True) == returns(5, True)
     assert returns(5, False) == returns(5, False)
     assert returns(5, False) != returns(6, False)  # the seed plays other episodes
+
+
+def test_a_recurrent_policy_keeps_a_state_per_agent_and_starts_each_agents_episode_from_zeros(tmp_path):
+    run_dir = _train(tmp_path / "run", DEPARTURES, len(LIFETIMES), **{"model.lstm_size": 8})
+    played = evaluation.evaluate(run_dir, episodes=2, deterministic=True, seed=2)
+    assert [e.lengths for e in played.episodes] == [LIFETIMES] * 2
+    config = load_config(run_dir)
+    slots = make_slots(DEPARTURES, config.env.vector_kwargs(), render=False)
+    specs = slot_specs(slots, config.env)
+    _, model, normalize, _, _ = evaluation.load_from_checkpoint(run_dir, None, *specs, torch.device("cpu"))
+    records = to_records(slots.reset(seed=0)[0], specs[0])
+    fresh, carried = (slots_act(model, normalize, specs, True, 0, torch.device("cpu"), 3) for _ in range(2))
+    carried(records, np.ones(3, bool))
+    carried(records, np.array([True, False, False]))  # a0's episode starts again; a1's and a2's go on
+    fresh(records, np.ones(3, bool))
+    after, zeroed = carried.__self__.state, fresh.__self__.state  # [A, S] each player's state after its last step
+    assert np.array_equal(after[0], zeroed[0])
+    assert not np.array_equal(after[1:], zeroed[1:])
+    slots.close()
 
 
 def test_a_parallel_envs_video_has_a_frame_after_the_reset_and_after_every_step(spread, tmp_path):

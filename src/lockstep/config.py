@@ -124,6 +124,10 @@ class ActorsConfig:
         flag="--ray-num-cpus", ge=0)
     ray_cpus_per_actor: float = setting(1.0, "launcher ray: the CPUs Ray reserves for each actor when it places them",
                                         flag="--ray-cpus-per-actor", ge=0)
+    ray_resources: dict[str, float] = setting(
+        {}, "launcher ray: custom resources Ray reserves for each actor, e.g. {actor_host: 1}: Ray places actors "
+            "only on nodes that offer them (ray start --resources '{\"actor_host\": 8}'); a Ray instance started "
+            "here offers enough for actors.count", flag="--ray-resources")
 
 
 @dataclass

@@ -75,9 +75,11 @@ def _worker_pids(out: str) -> dict[int, int]:
 @needs_ray
 @pytest.mark.slow
 def test_train_on_a_ray_instance_of_its_own_collects_the_actors_logs_and_leaves_nothing_behind(tmp_path):
+    # the actors' custom resource (for a cluster's nodes): the instance started for the run offers enough of it
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [*lockstep_cmd(), "train", "--launcher", "ray", "--ray-num-cpus", "2", *RUN, "--steps-per-env", "32",
+        [*lockstep_cmd(), "train", "--launcher", "ray", "--ray-num-cpus", "2", "--ray-resources", "{actor_host: 0.5}",
+         *RUN, "--steps-per-env", "32",
          "--total-steps", str(4 * 32 * 4), "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=240, env={**os.environ, "RAY_ADDRESS": ""})
     out = proc.stdout + proc.stderr
@@ -166,4 +168,17 @@ def test_a_ray_instance_too_small_for_the_actors_is_refused_before_anything_star
     config = config_lib.Config()
     config.actors.count, config.actors.ray_num_cpus, config.actors.ray_cpus_per_actor = 4, 2, 1.0
     with pytest.raises(config_lib.ConfigError, match="cannot place 4 actors"):
+        RayActors(config, tmp_path, None, RestartPolicy(10))
+
+
+@needs_ray
+@pytest.mark.parametrize(("resources", "message"), [
+    ({"CPU": 1}, "names CPU, one of Ray's own resources: give custom resources only"),
+    ({"actor_host": 0}, "actors.ray_resources.actor_host must be a number > 0, got 0"),
+    ({"actor_host": "one"}, "actors.ray_resources.actor_host must be a number > 0, got 'one'"),
+])
+def test_ray_resources_ray_cannot_reserve_are_refused_before_anything_starts(tmp_path, resources, message):
+    config = config_lib.Config()
+    config_lib.set_value(config, "actors.ray_resources", resources)
+    with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
         RayActors(config, tmp_path, None, RestartPolicy(10))

@@ -484,7 +484,7 @@ def test_an_old_run_directorys_config_resumes_as_it_was_saved(tmp_path):
     actors = old.pop("actors")
     old["env"].update(actors=actors["count"], envs_per_actor=actors["envs_per_actor"],
                       actor_restarts=actors["restarts"], launcher=actors["launcher"],
-                      **{k: v for k, v in actors.items() if k.startswith("ray_")})
+                      **{k: v for k, v in actors.items() if k.startswith("ray_") and f"env.{k}" in MOVED})
     old["learner"]["transport"] = actors["transport"]
     old["sync"]["inference_threads"] = 2  # the reference designs' threads, at their default then
     path = tmp_path / "config.yaml"

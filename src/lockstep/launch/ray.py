@@ -1,6 +1,7 @@
 """``lockstep train --launcher ray``: the learner in this process (Ray's driver), the actors as Ray actors.
 
-Ray places each actor (``actors.ray_cpus_per_actor`` CPUs), restarts one whose worker process dies (at most
+Ray places each actor (``actors.ray_cpus_per_actor`` CPUs and the custom resources of ``actors.ray_resources``,
+which only the nodes started with them offer), restarts one whose worker process dies (at most
 ``actors.restarts`` times; a restarted actor says hello with a new run id, so the learner drops its
 unfinished unroll and counts it) and forwards the actors' log lines to this process's stderr. Whether,
 and when, an actor's loop runs again is the ``RestartPolicy``'s call, as for every launcher. The actors
@@ -22,6 +23,12 @@ Restarts
     calls ``where`` and ``run`` again after its backoff: both wait for Ray's restart of a dead worker.
     ``where`` answering counts one restart; ``where`` failing means Ray could not bring the actor back
     (its restarts are spent, or it cannot start), and the actor is gone for good.
+
+A node that dies
+    takes its actors' workers with it: their streams close, the learner trains on with the actors it still
+    has, and Ray restarts each lost actor on a node with room for it (its CPUs and ``actors.ray_resources``).
+    Until one has room (a node joins, or the autoscaler adds one) the calls find the actor restarting, and
+    are made again for up to ``RESTARTING_LIMIT_S``; then it is given up and the run goes on without it.
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ class RayActors:
                               "or auto")
         needed = actors.count * actors.ray_cpus_per_actor
         self.num_cpus = actors.ray_num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
+        self.resources = _resources(actors.ray_resources)
         if not self.address and self.num_cpus < needed:
             raise ConfigError(f"actors.ray_num_cpus={self.num_cpus} cannot place {actors.count} actors of "
                               f"{actors.ray_cpus_per_actor} CPUs each: raise actors.ray_num_cpus or lower "
@@ -119,7 +127,7 @@ class RayActors:
             log.info("actors.transport is %s, which applies to local actors; Ray actors connect over gRPC",
                      actors.transport)
         ca = Path(learner.tls_cert).read_bytes() if learner.tls_cert else None  # the actors trust this chain
-        remote = ray.remote(num_cpus=actors.ray_cpus_per_actor, max_restarts=actors.restarts,
+        remote = ray.remote(num_cpus=actors.ray_cpus_per_actor, resources=self.resources, max_restarts=actors.restarts,
                             max_task_retries=0)(RayActor)  # calls are not retried: `check` calls `run` again
         level = logging.getLogger().getEffectiveLevel()
         for i in range(actors.count):
@@ -264,10 +272,11 @@ class RayActors:
         waiting = [a.actor_id for a in self.actors if a.pid is None and not a.gone]
         if waiting:
             self._warned = True
-            free = self._ray.available_resources().get("CPU", 0)
-            log.warning("Ray has not placed actor(s) %s after %.0f s: each needs %g CPUs, the cluster has %g free "
-                        "(actors.ray_cpus_per_actor)", waiting, PLACEMENT_WARNING_S,
-                        self.config.actors.ray_cpus_per_actor, free)
+            available = self._ray.available_resources()
+            needs = {"CPU": self.config.actors.ray_cpus_per_actor, **self.resources}
+            log.warning("Ray has not placed actor(s) %s after %.0f s: each needs %s, the cluster has %s free "
+                        "(actors.ray_cpus_per_actor, actors.ray_resources)", waiting, PLACEMENT_WARNING_S,
+                        _amounts(needs), _amounts({key: available.get(key, 0) for key in needs}))
 
     # -- Ray itself -------------------------------------------------------------------
 
@@ -299,6 +308,7 @@ class RayActors:
             if self._own:
                 self._temp_dir = _short_temp_dir()
                 ray.init(address="local", num_cpus=self.num_cpus, _node_ip_address="127.0.0.1",
+                         resources={key: amount * self.config.actors.count for key, amount in self.resources.items()},
                          include_dashboard=False, _temp_dir=self._temp_dir, log_to_driver=True)
             else:
                 ray.init(address=self.address, log_to_driver=True)
@@ -341,6 +351,22 @@ class RayActors:
             log.warning("could not copy Ray's logs from %s: %s", session, err)
         shutil.rmtree(self._temp_dir, ignore_errors=True)
         self._temp_dir = None
+
+
+def _resources(resources: dict[str, Any]) -> dict[str, float]:
+    """``actors.ray_resources`` checked: custom resources by name, each a positive amount (Ray's CPUs have
+    ``actors.ray_cpus_per_actor``)."""
+    for key, amount in resources.items():
+        if key in ("CPU", "GPU", "memory", "object_store_memory"):
+            raise ConfigError(f"actors.ray_resources names {key}, one of Ray's own resources: give custom "
+                              "resources only (e.g. {actor_host: 1}); the CPUs are actors.ray_cpus_per_actor")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
+            raise ConfigError(f"actors.ray_resources.{key} must be a number > 0, got {amount!r}")
+    return {key: float(amount) for key, amount in resources.items()}
+
+
+def _amounts(resources: dict[str, float]) -> str:
+    return ", ".join(f"{amount:g} {key}" for key, amount in resources.items())
 
 
 def _short_temp_dir() -> str:

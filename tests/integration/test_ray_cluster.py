@@ -138,9 +138,11 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
 
 
-def _wait_for(condition, what: str, log: Path) -> None:
+def _wait_for(condition, what: str, proc: subprocess.Popen, log: Path) -> None:
+    """Until ``condition()`` holds; a failure, with the run's log, once ``proc`` has ended or WAIT_S has passed."""
     deadline = time.monotonic() + WAIT_S
     while not condition():
+        assert proc.poll() is None, f"lockstep train ended (code {proc.returncode}) before {what}:\n{log.read_text()}"
         assert time.monotonic() < deadline, f"waited {WAIT_S:.0f} s for {what}:\n{log.read_text()}"
         time.sleep(0.2)
 
@@ -152,13 +154,13 @@ def test_actors_on_a_node_that_dies_come_back_when_a_node_with_their_resource_jo
     cluster.head()  # CPUs for actors, but no actor_host: no actor may run here
     cluster.nodes("node-a", "node-b")  # one actor_host each
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
-    with log.open("w") as out:
+    with log.open("w") as log_file:
         proc = subprocess.Popen(  # a budget no run reaches here: it is stopped once the actor is back
             [*lockstep_cmd(), "train", "--launcher", "ray", "--ray-address", cluster.address,
              "--ray-resources", "{actor_host: 1}", "--config", "cartpole-cleanrl", "--actors", "2",
              "--envs-per-actor", "2", "--no-progress", "--set", "ppo.epochs=1", "--steps-per-env", "64",
              "--total-steps", str(10**9), "--run-dir", str(run_dir)],
-            stdout=out, stderr=subprocess.STDOUT, env=cluster.env)
+            stdout=log_file, stderr=subprocess.STDOUT, env=cluster.env)
     try:
         def rows() -> list[dict]:
             return RunDir(run_dir).metrics()
@@ -167,7 +169,7 @@ def test_actors_on_a_node_that_dies_come_back_when_a_node_with_their_resource_jo
             return log.read_text()
 
         _wait_for(lambda: len(re.findall(r"actor \d runs in Ray worker pid", text())) == 2 and rows(),
-                  "both actors and a first iteration", log)
+                  "both actors and a first iteration", proc, log)
         workers = {int(a): int(p) for a, p in re.findall(r"actor (\d) runs in Ray worker pid (\d+)", text())}
         placed = {actor: cluster.node_of(pid) for actor, pid in workers.items()}
         assert sorted(placed.values()) == ["node-a", "node-b"], (placed, text())  # one per actor_host
@@ -177,16 +179,19 @@ def test_actors_on_a_node_that_dies_come_back_when_a_node_with_their_resource_jo
         cluster.kill_raylet("node-a")
         killed_at = len(rows())
         # the victim's stream closed with its worker: the learner trains on with the survivor alone
-        _wait_for(lambda: any(r["actors"] == 1 for r in rows()[killed_at:]), "an iteration with one actor", log)
+        _wait_for(lambda: any(r["actors"] == 1 for r in rows()[killed_at:]), "an iteration with one actor", proc,
+                  log)
         assert f"actor {victim} left" in text()
 
         cluster.nodes("node-c")  # room again for the victim, which Ray restarts there
         back = re.compile(rf"actor {victim} restarted by Ray \(restart 1 of at most 10\): worker pid (\d+)")
-        _wait_for(lambda: back.search(text()) or f"actor {victim} is gone" in text(), "the restart on node-c", log)
+        _wait_for(lambda: back.search(text()) or f"actor {victim} is gone" in text(), "the restart on node-c",
+                  proc, log)
         assert back.search(text()), text()
         assert cluster.node_of(int(back.search(text()).group(1))) == "node-c", text()
         rejoined = len(rows())
-        _wait_for(lambda: any(r["actors"] == 2 for r in rows()[rejoined:]), "an iteration with both actors", log)
+        _wait_for(lambda: any(r["actors"] == 2 for r in rows()[rejoined:]), "an iteration with both actors", proc,
+                  log)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=WAIT_S)
     finally:

@@ -11,14 +11,17 @@ hypothesis strategies below) is a small env of ``lockstep.envs.generated`` in ge
 - an action mask under a generated key or none, ``env.obs_keys`` or none, ``env.normalize_obs`` on or off,
   ``learner.inference_kernel`` auto (numpy where it applies) or torch, eval's sampled or deterministic play;
 - one agent (``lockstep.envs.generated:Generated``), or a PettingZoo parallel env of 2-3 agents as slots, every
-  agent but one leaving at a random step (``pettingzoo:lockstep.envs.generated``), with ``env.agent_id`` or not.
+  agent but one leaving at a random step (``pettingzoo:lockstep.envs.generated``), with ``env.agent_id`` or not,
+  the critic reading the agent's own observation or the env's global state (``model.critic_input``),
+  acting with one shared policy or with two (``policies``: the first agent's and the others', each audited on
+  its own; ``env.obs_keys`` is then not drawn, as lockstep refuses it with several policies).
 
 ``run_case`` trains it in process for two iterations with the audit trail, then requires ``lockstep audit``
-to PASS and, for one agent, ``lockstep eval`` to play an episode (a multi-agent id is refused by eval, by
-name); for many agents, the audit must have seen inactive steps (agents left in every unroll). A case lockstep
-refuses by design (``expected_refusal``: a mask leaf for an action without a categorical part) must be refused
-before training with that error, a ValueError naming it. Anything else is a failure: an exception, a run that
-does not end within ``timeout_s``, an audit that fails.
+to PASS (every policy's trail) and ``lockstep eval`` to play an episode (of many agents: every agent's return,
+each acting with its own policy); for many agents, the audit must have seen inactive steps (agents left in
+every unroll). A case lockstep refuses by design (``expected_refusal``: a mask leaf for an action without a
+categorical part) must be refused before training with that error, a ValueError naming it. Anything else is a
+failure: an exception, a run that does not end within ``timeout_s``, an audit that fails.
 
 ``tests/integration/test_generated_spaces.py`` runs a few seeded examples in the suite; this command runs many
 and writes every failure with its case (``spaces.json``, ``spaces.md``).
@@ -47,7 +50,7 @@ from lockstep.common.files import atomic_write
 
 SINGLE = "lockstep.envs.generated:Generated"
 MULTI = "pettingzoo:lockstep.envs.generated"
-RESERVED = ("agent_active", "agent_id", "observation")  # keys the PettingZoo slots add themselves
+RESERVED = ("agent_active", "agent_id", "global_state", "observation")  # keys the PettingZoo slots add themselves
 MASK_DTYPES = ("multi_binary", "int8", "uint8")
 
 
@@ -66,6 +69,8 @@ class Case:
     deterministic: bool = False  # how eval plays
     agents: int = 0  # 0: one agent (a Gymnasium env); else a PettingZoo parallel env of that many
     agent_id: bool = False
+    policies: bool = False  # many agents: two policies, the first agent's and the others' (``policies``)
+    critic_input: str = "own"  # many agents: global, the critic reads the env's global state (MAPPO)
     length: int = 6  # steps an episode lasts at most
 
     @property
@@ -94,11 +99,15 @@ class Case:
             "env.obs_keys": self.obs_keys, "env.normalize_obs": self.normalize, "env.agent_id": self.agent_id,
             "actors.count": 1, "actors.envs_per_actor": 2, "actors.transport": "inprocess", "actors.restarts": 0,
             "ppo.steps_per_env": self.steps_per_env, "ppo.total_steps": 2 * slots * self.steps_per_env,
-            "ppo.epochs": 1, "ppo.minibatches": 2, "model.hidden": [8], "learner.device": "cpu",
+            "ppo.epochs": 1, "ppo.minibatches": 2, "model.hidden": [8], "model.critic_input": self.critic_input,
+            "learner.device": "cpu",
             "learner.inference_kernel": self.kernel, "run.audit": True, "run.progress": False, "run.seed": seed,
             "run.run_dir": str(run_dir),
         }.items():
             config_lib.set_value(config, key, value)
+        if self.policies:
+            config.policies = config_lib.from_dict({"policies": {"first": {"agents": ["agent_0"]},
+                                                                 "others": {"agents": ["agent_*"]}}}).policies
         return config
 
     def describe(self) -> str:
@@ -205,8 +214,11 @@ def cases(draw, multi_agent: bool = False) -> Case:
         case.mask_key = draw(st.sampled_from(["action_mask", ""]))
     if multi_agent:
         case.agents, case.agent_id = draw(st.integers(2, 3)), draw(st.booleans())
+        case.policies = draw(st.booleans())
+        case.critic_input = draw(st.sampled_from(["own", "global"]))
     keys = _root_keys(case)
-    if keys and draw(st.integers(0, 3)) == 0:  # env.obs_keys: some of the root's keys, the mask always among them
+    # env.obs_keys: some of the root's keys, the mask always among them (refused with several policies)
+    if keys and not case.policies and draw(st.integers(0, 3)) == 0:
         kept = draw(st.lists(st.sampled_from(keys), min_size=1, max_size=len(keys), unique=True))
         case.obs_keys = kept + ([case.mask] if case.mask and case.mask not in kept else [])
     return case
@@ -217,7 +229,9 @@ def _root_keys(case: Case) -> list[str]:
     keys = list(case.observation["dict"]) if "dict" in case.observation else []
     keys += [case.mask] if case.mask else []
     if case.agents:
-        keys = (keys or ["observation"]) + ["agent_active"] + (["agent_id"] if case.agent_id else [])
+        centralized = case.critic_input == "global"  # the global state, and the agent id with it
+        keys = (keys or ["observation"]) + ["agent_active"] + (["agent_id"] if case.agent_id or centralized else [])
+        keys += ["global_state"] if centralized else []
     return keys
 
 
@@ -254,7 +268,7 @@ def run_case(case: Case, run_dir: Path, timeout_s: float = 120.0) -> Outcome:
     """Train ``case`` (two iterations), audit it, evaluate it (module docstring): what came out."""
     from lockstep.launch.local import train
     from lockstep.tools import audit
-    from lockstep.tools.eval import EvalError, evaluate
+    from lockstep.tools.eval import evaluate
 
     started = time.monotonic()
     refusal = expected_refusal(case)
@@ -277,25 +291,20 @@ def run_case(case: Case, run_dir: Path, timeout_s: float = 120.0) -> Outcome:
             if summary["env_steps"] != config.ppo.total_steps:
                 return outcome("failed", f"train: {summary['env_steps']} env steps of {config.ppo.total_steps}")
             stage = "audit"
-            report = audit.check(run_dir)
-            if report.exit_code != 0:
-                return outcome("failed", "audit: " + audit.format_report(report)[-2000:])
-            if case.agents and report.inactive == 0:
+            reports = [audit.check(run_dir, policy=policy) for policy in audit.policies_of(run_dir)]
+            for report in reports:
+                if report.exit_code != 0:
+                    return outcome("failed", "audit: " + audit.format_report(report)[-2000:])
+            if case.agents and sum(report.inactive for report in reports) == 0:
                 return outcome("failed", "audit: no inactive step, although agents left early in every unroll "
                                          "(env.obs_keys dropped agent_active?)")
             stage = "eval"
-            if case.agents:
-                try:
-                    evaluate(run_dir, episodes=1)
-                except EvalError as err:
-                    if "multi-agent" not in str(err):
-                        raise
-                else:
-                    return outcome("failed", "eval: played a multi-agent env, which it refuses by name")
-            else:
-                played = evaluate(run_dir, episodes=1, deterministic=case.deterministic).episodes
-                if len(played) != 1 or not 1 <= played[0].length <= case.length:
-                    return outcome("failed", f"eval: played {played}")
+            report = evaluate(run_dir, episodes=1, deterministic=case.deterministic)
+            played = report.episodes
+            if len(played) != 1 or not 1 <= played[0].length <= case.length:
+                return outcome("failed", f"eval: played {played}")
+            if case.agents and len(played[0].returns) != case.agents:  # every agent's return, until it left
+                return outcome("failed", f"eval: returns of {sorted(played[0].returns)}, not of {case.agents} agents")
         return outcome("passed")
     except Exception as err:  # every error is the example's outcome, a timeout too
         detail = "".join(traceback.format_exception_only(type(err), err)).strip()

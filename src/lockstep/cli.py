@@ -151,7 +151,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 def cmd_train(args: argparse.Namespace, parts: Parts | None = None) -> int:
     """``lockstep train``; ``parts``: the learner's replaceable parts (``learner.parts``; benchmarks)."""
     config = resolve_config(args)
-    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.vector_kwargs())
+    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.vector_kwargs())
     from lockstep.launch.local import train
     from lockstep.learner.parts import DEFAULT_PARTS
 
@@ -164,7 +164,7 @@ def cmd_train(args: argparse.Namespace, parts: Parts | None = None) -> int:
 
 def cmd_learner(args: argparse.Namespace) -> int:
     config = resolve_config(args)
-    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.vector_kwargs())
+    check_env(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.vector_kwargs())
     from lockstep.launch.local import train
 
     run_dir = Path(config.run.run_dir)
@@ -183,8 +183,16 @@ def actor_options(args: argparse.Namespace) -> ActorOptions:
     for dotted in ACTOR_SETTINGS:
         if getattr(args, dotted) is not None:
             config_lib.set_value(config, dotted, getattr(args, dotted))
+    if args.policies:  # the learner's policies: which agents each acts for decides how the slots are laid out
+        import yaml
+
+        patterns = yaml.safe_load(args.policies)
+        if not isinstance(patterns, dict):
+            raise config_lib.ConfigError(f"--policies maps policy names to agent patterns, got {args.policies!r}")
+        config.policies = config_lib.from_dict(
+            {"policies": {name: {"agents": agents} for name, agents in patterns.items()}}).policies
     return ActorOptions(learner=args.learner, env=config.env.id, obs_keys=tuple(config.env.obs_keys),
-                        env_kwargs=config.env.vector_kwargs(),
+                        env_kwargs=config.vector_kwargs(),
                         envs_per_actor=config.actors.envs_per_actor, vector=config.actors.vector,
                         actor_id=args.actor_id, connect_timeout=args.connect_timeout, retry_for_s=args.retry_for,
                         token=security.token_from(args.token), tls_ca=args.tls_ca,
@@ -205,7 +213,8 @@ def cmd_actor(args: argparse.Namespace) -> int:
 # the config fields `lockstep actor` takes, with its flags for them (--num-envs: the name it had before)
 ACTOR_SETTINGS = {"env.id": ("--env",), "env.obs_keys": ("--obs-keys",), "env.kwargs": ("--env-kwargs",),
                   "env.agent_id": ("--agent-id",), "env.action_mask_key": ("--action-mask-key",),
-                  "actors.envs_per_actor": ("--envs-per-actor", "--num-envs"), "actors.vector": ("--vector",)}
+                  "actors.envs_per_actor": ("--envs-per-actor", "--num-envs"), "actors.vector": ("--vector",),
+                  "model.critic_input": ("--critic-input",)}  # global: the slots carry the env's state
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -358,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "shared memory; the learner logs this address)")
     for dotted, aliases in ACTOR_SETTINGS.items():
         add_setting(p, config_lib.setting_of(dotted), *aliases)
+    p.add_argument("--policies", metavar="YAML",
+                   help="a run of several policies: each one's agent patterns, as the learner's policies section "
+                        "maps them, e.g. '{predator: [adversary_*], prey: [agent_*]}'")
     p.add_argument("--actor-id", type=int, default=0, help="distinct id per actor (seeds its envs and action noise)")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for each connection")
     p.add_argument("--retry-for", type=float, default=300.0,

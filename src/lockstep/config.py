@@ -43,6 +43,7 @@ EventLoop = Literal["auto", "asyncio", "uvloop"]
 InferenceKernel = Literal["auto", "torch"]
 ModelKind = Literal["auto", "mlp", "nature-cnn", "small-cnn"]
 Activation = Literal["tanh", "relu"]
+CriticInput = Literal["own", "global"]
 SyncStrategy = Literal[SYNC_NAMES]  # the registry in lockstep.sync names the strategies
 
 
@@ -92,6 +93,7 @@ class EnvConfig:
         if self.action_mask_key != DEFAULT_MASK_KEY and _parallel_multiagent(self.id):
             own[MASK_KEY_KWARG] = self.action_mask_key
         return {**self.kwargs, **own}
+
 
 
 @dataclass
@@ -167,6 +169,10 @@ class ModelConfig:
                                 "state", ge=0)
     critic_lstm: bool = setting(False, "with model.lstm_size: the critic gets its own LSTM beside the actor's "
                                        "(else they share one)")
+    critic_input: CriticInput = setting(
+        "own", "what the critic reads: own (the agent's observation, as the actor) or global (a PettingZoo parallel "
+               "env: also the env's global state and the agent's one-hot id, MAPPO's centralized critic; the actor "
+               "still reads its own observation only)")
     policy: str = setting("", "your own network: package.module:factory or path/to/file.py:factory, a callable "
                               "(observation SpaceSpec, action SpaceSpec, this ModelConfig) -> lockstep.Policy "
                               "(docs/custom-policy.md)")
@@ -319,6 +325,23 @@ class RunConfig:
 
 
 @dataclass
+class PolicyConfig:
+    """One named policy of a PettingZoo parallel env's run (the ``policies`` mapping, docs/environments.md).
+
+    Not a section of settings: ``policies`` maps names the user chooses to these, e.g.
+    ``{predator: {agents: ["adversary_*"]}, prey: {agents: ["agent_*"]}}``."""
+
+    agents: list[str] = field(default_factory=list)  # patterns (fnmatch) of the agent names it acts for
+    model: dict[str, Any] = field(default_factory=dict)  # its network: keys of the model section, over the run's
+    train: bool = True  # false: frozen, acting with the parameters it was loaded with (``load``) and never trained
+    load: str = ""  # a run directory or a checkpoint whose parameters (and observation statistics) it starts from
+    load_policy: str = ""  # which policy of a source that has several (default: one of the same name)
+
+
+POLICY_KEYS = tuple(f.name for f in dataclasses.fields(PolicyConfig))
+
+
+@dataclass
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     actors: ActorsConfig = field(default_factory=ActorsConfig)
@@ -328,6 +351,29 @@ class Config:
     sync: SyncConfig = field(default_factory=SyncConfig)
     selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    # several policies of a PettingZoo parallel env (empty: every agent acts with the one shared policy)
+    policies: dict[str, PolicyConfig] = field(default_factory=dict)
+
+    def vector_kwargs(self) -> dict[str, Any]:
+        """What an actor's vector env is built with: ``env.vector_kwargs()`` and, with several policies, each
+        policy's agent patterns (``envs.pettingzoo.POLICIES_KWARG``), by which the env lays out its slots."""
+        from lockstep.envs.pettingzoo import GLOBAL_STATE_KWARG, POLICIES_KWARG
+
+        kwargs = self.env.vector_kwargs()
+        if self.policies:
+            kwargs[POLICIES_KWARG] = {name: list(policy.agents) for name, policy in self.policies.items()}
+        if self._global_critic():
+            kwargs[GLOBAL_STATE_KWARG] = True  # a slot's observation carries the env's state for the critic
+        return kwargs
+
+    def _global_critic(self) -> bool:
+        """Whether a critic reads the env's global state (``model.critic_input``, the run's or a policy's)."""
+        models = [self.model_of(name) for name in self.policies] or [self.model]
+        return any(model.critic_input == "global" for model in models)
+
+    def model_of(self, policy: str) -> ModelConfig:
+        """The network of ``policy``: the run's model section with the policy's own keys over it."""
+        return dataclasses.replace(self.model, **self.policies[policy].model)
 
     @property
     def batch_size(self) -> int:
@@ -372,10 +418,43 @@ class Config:
              "of its own: leave actors.vector at sync"),
             (not self.model.critic_lstm or self.model.lstm_size > 0,
              "model.critic_lstm gives the critic its own LSTM: it needs model.lstm_size > 0"),
+            (not self._global_critic() or _parallel_multiagent(self.env.id),
+             f"model.critic_input global gives the critic a PettingZoo parallel env's global state; {self.env.id} "
+             "is none: use model.critic_input own"),
+            (self.model.critic_input != "global" or self.model.lstm_size == 0,
+             "model.critic_input global reads the global state in the feedforward network's critic MLP; with "
+             "model.lstm_size > 0 the actor and critic share the torso under the LSTM, which would let the actor "
+             "read it: set model.lstm_size to 0 or model.critic_input to own"),
         ]
         for ok, message in rules:
             if not ok:
                 raise ConfigError(message)
+        if self.policies:
+            self._validate_policies()
+
+    def _validate_policies(self) -> None:
+        """The ``policies`` mapping: names, agent patterns, each policy's model keys; a parallel env's only."""
+        if not _parallel_multiagent(self.env.id):
+            raise ConfigError(f"policies maps the agents of a PettingZoo parallel env to several policies; "
+                              f"{self.env.id} is none: leave policies empty")
+        for name, policy in self.policies.items():
+            if not name.isidentifier():
+                raise ConfigError(f"policies: {name!r} is not a valid policy name (letters, digits and _)")
+            if not policy.agents or not all(isinstance(p, str) and p for p in policy.agents):
+                raise ConfigError(f"policies.{name}.agents must list the agent names (or patterns such as "
+                                  f"'adversary_*') it acts for, got {policy.agents!r}")
+            for key, value in policy.model.items():
+                check = setting_of(f"model.{key}")
+                check.check(value)
+            if policy.load_policy and not policy.load:
+                raise ConfigError(f"policies.{name}.load_policy names a policy of policies.{name}.load, which is "
+                                  "empty")
+        if self.env.obs_keys:
+            raise ConfigError("env.obs_keys selects keys of one agent's observation; with several policies each "
+                              "policy's agents have their own: leave env.obs_keys empty (drop keys in a wrapper)")
+        if not any(policy.train for policy in self.policies.values()):
+            raise ConfigError("policies: every policy is frozen (train: false), so nothing would train; let one "
+                              "train")
 
 
 def _parallel_multiagent(env_id: str) -> bool:
@@ -457,7 +536,7 @@ def _type_name(hint: Any) -> str:
     return hint.__name__
 
 
-SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "policies")  # policies: a mapping
 
 
 def sections() -> dict[str, type]:
@@ -519,7 +598,9 @@ def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
     """Merge a nested dict (from YAML) into ``base``; unknown keys are errors, moved keys are read where they
     live now (with a warning that names the new key)."""
     config = base if base is not None else Config()
-    data = data or {}
+    data = dict(data or {})
+    if "policies" in data:
+        config.policies = _policies(data.pop("policies"))
     for section, values in data.items():
         if section not in SECTIONS and not (isinstance(values, dict) and values
                                             and all(f"{section}.{key}" in REMOVED for key in values)):
@@ -536,6 +617,35 @@ def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
                 dotted = _moved(dotted, data)
             set_value(config, dotted, value)
     return config
+
+
+def _policies(data: Any) -> dict[str, PolicyConfig]:
+    """The ``policies`` mapping from YAML: {name: {agents, model, train, load, load_policy}}."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"policies must map policy names to their settings, got {data!r}")
+    policies = {}
+    for name, values in data.items():
+        values = values or {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"policies.{name} must be a mapping of {', '.join(POLICY_KEYS)}, got {values!r}")
+        unknown = sorted(set(values) - set(POLICY_KEYS))
+        if unknown:
+            raise ConfigError(f"policies.{name}: unknown key(s) {unknown}; a policy has {', '.join(POLICY_KEYS)}")
+        agents = values.get("agents", [])
+        agents = [agents] if isinstance(agents, str) else list(agents or [])
+        model = values.get("model") or {}
+        if not isinstance(model, dict):
+            raise ConfigError(f"policies.{name}.model must be a mapping of model keys, got {model!r}")
+        try:
+            model = {key: _coerce(value, setting_of(f"model.{key}").hint) for key, value in model.items()}
+            train = _coerce(values.get("train", True), bool)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"policies.{name}: {err}") from err
+        policies[str(name)] = PolicyConfig([str(a) for a in agents], model, train, str(values.get("load") or ""),
+                                           str(values.get("load_policy") or ""))
+    return policies
 
 
 def _removed(dotted: str, value: Any) -> None:
@@ -734,11 +844,35 @@ def reference() -> str:
         for s in (s for s in SETTINGS if s.section == section):
             lines.append(f"| `{s.dotted}` | {s.type_name()} | `{_yaml_value(s.default)}` | "
                          f"{f'`{s.flag}`' if s.flag else ''} | {s.range()} | {s.help.replace('|', '/')} |")
+    lines += ["", "## policies", "", POLICIES_REFERENCE, "", "| key | type | default | what it is |",
+              "|---|---|---|---|"]
+    lines += [f"| `policies.NAME.{key}` | {kind} | `{_yaml_value(default)}` | {what} |"
+              for key, kind, default, what in POLICY_REFERENCE]
     lines += ["", "## Moved keys", "",
               "Config files that use an old key still load, with a warning that names the new one; `--set` with "
               "an old key fails with the same message.", "", "| old key | now |", "|---|---|"]
     lines += [f"| `{old}` | `{new}` |" for old, new in MOVED.items()]
     return "\n".join(lines) + "\n"
+
+
+POLICIES_REFERENCE = (
+    "A PettingZoo parallel env's agents mapped to several named policies, each with its own network, optimizer, "
+    "observation statistics, versions and checkpoints (docs/environments.md); empty (the default): every agent "
+    "acts with one shared policy. Each agent goes to the first policy, in the order written, one of whose "
+    "`agents` patterns matches its name; every agent needs one, every policy at least one agent. Example: "
+    "`policies: {predator: {agents: [\"adversary_*\"]}, prey: {agents: [\"agent_*\"], train: false, load: "
+    "runs/old}}`.")
+POLICY_REFERENCE = (
+    ("agents", "list of str", [], "patterns (`*`, `?`, `[seq]`) of the agent names the policy acts for"),
+    ("model", "mapping", {}, "keys of the model section that the policy's network has instead of the run's, "
+                             "e.g. `{hidden: [128, 128]}`"),
+    ("train", "bool", True, "false: frozen, acting with the parameters it was loaded with and never trained "
+                            "(without `load`: its initial parameters)"),
+    ("load", "str", "", "a run directory (its final checkpoint) or a checkpoint file the policy starts from: its "
+                        "parameters and observation statistics"),
+    ("load_policy", "str", "", "which policy of a `load` source that has several (default: the one of the same "
+                               "name)"),
+)
 
 
 def _yaml_value(value: Any) -> str:

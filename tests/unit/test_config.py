@@ -245,7 +245,7 @@ def test_save_writes_every_section(tmp_path):
     path = tmp_path / "config.yaml"
     save(Config(), path)
     assert set(yaml.safe_load(path.read_text())) == {"env", "actors", "ppo", "model", "learner", "sync", "selfplay",
-                                                      "run"}
+                                                      "run", "policies"}  # policies: a mapping, empty by default
 
 
 # --- presets ---------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ from lockstep.envs.spaces import action_spec as action_spec
 from lockstep.envs.spaces import env_actions as env_actions
 from lockstep.envs.spaces import from_leaves as from_leaves
 from lockstep.envs.spaces import leaf_choices as leaf_choices
+from lockstep.envs.spaces import policy_spaces as policy_spaces
 from lockstep.envs.spaces import stack_records as stack_records
 from lockstep.envs.spaces import to_records as to_records
 from lockstep.envs.spaces import with_action_mask as with_action_mask
@@ -82,6 +83,14 @@ class EnvSpec:
     observation: SpaceSpec
     action: SpaceSpec
     agents: int = 1  # slots per env: a PettingZoo parallel env's agents, each env's in consecutive slots
+    # several policies: each agent's policy, in possible_agents order (slot n of an actor is agent n mod agents)
+    policy_of: tuple[str, ...] = ()
+    agent_names: tuple[str, ...] = ()  # a PettingZoo parallel env's possible_agents
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """The policies' names, in the order their first agents come (empty: one policy for every slot)."""
+        return tuple(dict.fromkeys(self.policy_of))
 
 
 VECTOR_MODES = ("sync", "async")  # actors.vector: the actor's envs stepped in its process, or each in its own
@@ -251,17 +260,24 @@ def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mas
         action = action_spec(env.action_space)
         observation = SpaceSpec.from_space(env.observation_space, obs_keys)
         return EnvSpec(env_id, with_action_mask(observation, action, action_mask_key), action,
-                       agents=env.agents if parallel else 1)
+                       agents=env.agents if parallel else 1, policy_of=env.policy_of if parallel else (),
+                       agent_names=env.agent_names if parallel else ())
     finally:
         env.close()
 
 
 def _check_agent_id(env_id: str, kwargs: dict[str, Any]) -> None:
-    """``env.agent_id`` is for PettingZoo parallel envs only: a ValueError for any other id that has it."""
+    """``env.agent_id`` and ``model.critic_input: global`` are for PettingZoo parallel envs only: a ValueError for
+    any other id that has them."""
     scheme, _, name = env_id.partition(":")
-    if kwargs.get(pettingzoo.AGENT_ID_KWARG) and (scheme != "pettingzoo" or selfplay.is_turn_based(name)):
+    if scheme == "pettingzoo" and not selfplay.is_turn_based(name):
+        return
+    if kwargs.get(pettingzoo.AGENT_ID_KWARG):
         raise ValueError(f"env.agent_id adds an agent index to a PettingZoo parallel env's observations; {env_id} "
                          "is none")
+    if kwargs.get(pettingzoo.GLOBAL_STATE_KWARG):
+        raise ValueError(f"model.critic_input global gives the critic a PettingZoo parallel env's global state; "
+                         f"{env_id} is none: use model.critic_input own")
 
 
 def env_seeds(run_seed: int, actor_id: int, num_envs: int) -> list[int]:

@@ -34,6 +34,9 @@ LEAF_SPACES = "Box, Discrete, MultiDiscrete and MultiBinary"
 ACTIVE_LEAF = "agent_active"
 MIN_IMAGE_SIDE = 3  # the smallest height and width the CNNs' 3x3 convolution takes; a smaller grid is a vector
 AGENT_ID_LEAF = "agent_id"  # env.agent_id: the one-hot index of a multi-agent slot's agent (``envs.pettingzoo``)
+# model.critic_input global: the env's global state beside a multi-agent slot's own observation, for the critic
+# alone (``envs.pettingzoo``); no actor network reads it, so acting needs only the agent's own observation
+GLOBAL_LEAF = "global_state"
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class SpaceSpec:
     def from_space(cls, space: gym.Space, keys: tuple[str, ...] | list[str] = ()) -> SpaceSpec:
         """The spec of ``space``; ``keys`` (``env.obs_keys``) keeps only those keys of a Dict space, and the leaves
         lockstep adds to a multi-agent slot's observation (``agent_active``, without which the steps of agents
-        that left would be trained on, and ``agent_id``) whether or not they are named.
+        that left would be trained on, ``agent_id`` and ``global_state``) whether or not they are named.
 
         Raises ``ValueError`` naming the leaf for a space lockstep cannot carry (a ``Text`` leaf, a Discrete
         that does not start at 0), and naming the keys for one of ``keys`` the space does not have."""
@@ -72,7 +75,7 @@ class SpaceSpec:
             if missing:
                 raise ValueError(f"env.obs_keys names {missing}, which the observation space does not have; "
                                  f"its keys are {list(space.spaces)}")
-            own = [k for k in (ACTIVE_LEAF, AGENT_ID_LEAF) if k in space.spaces and k not in keys]
+            own = [k for k in (ACTIVE_LEAF, AGENT_ID_LEAF, GLOBAL_LEAF) if k in space.spaces and k not in keys]
             space = gym.spaces.Dict({k: space.spaces[k] for k in [*keys, *own]})
         if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
             leaves = tuple(_leaves(space, "", ()))
@@ -288,6 +291,20 @@ def with_action_mask(observation: SpaceSpec, action: SpaceSpec, key: str) -> Spa
                          f"{action.describe()} is a MultiBinary or an integer Box of {sum(groups)} elements, one per "
                          "choice, non-zero where it is allowed")
     return dataclasses.replace(observation, mask=key, mask_groups=groups)
+
+
+def policy_spaces(observation: SpaceSpec, action: SpaceSpec, policies: tuple[str, ...], name: str,
+                  mask_key: str) -> tuple[SpaceSpec, SpaceSpec]:
+    """Policy ``name``'s observation and action spaces out of a slot's of a run with several ``policies``
+    (``envs.pettingzoo``): its own leaves, which the slot holds under its name (``name.PATH``, read as ``PATH``),
+    beside the leaves every slot has (``agent_active``, ``agent_id``); and its action, the part under its name
+    where the policies' actions differ (a Dict keyed by the policies' names), else the slot's."""
+    own, others = f"{name}.", tuple(f"{p}." for p in policies)
+    leaves = tuple((path[len(own):], leaf) if path.startswith(own) else (path, leaf)
+                   for path, leaf in observation.leaves if path.startswith(own) or not path.startswith(others))
+    by_policy = action.tree and sorted(action.paths()) == sorted(policies)
+    act = dict(action.leaves)[name] if by_policy else action
+    return with_action_mask(SpaceSpec("tree", (), "record", leaves=leaves), act, mask_key), act
 
 
 def allowed_nothing(mask: np.ndarray, groups: tuple[int, ...]) -> tuple[int, int] | None:

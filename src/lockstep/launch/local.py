@@ -51,9 +51,9 @@ def launcher(config: Config, run_dir: Path, token: str | None) -> Launcher:
         return RayActors(config, run_dir, token, policy)
     if config.actors.transport == "inprocess":
         return InProcessActors(env.id, actors.envs_per_actor, list(range(actors.count)), policy, tuple(env.obs_keys),
-                               env.vector_kwargs())
+                               config.vector_kwargs())
     tls = config.learner.tls_cert or None
-    options = [ActorOptions(learner="", env=env.id, obs_keys=tuple(env.obs_keys), env_kwargs=env.vector_kwargs(),
+    options = [ActorOptions(learner="", env=env.id, obs_keys=tuple(env.obs_keys), env_kwargs=config.vector_kwargs(),
                             envs_per_actor=actors.envs_per_actor, vector=actors.vector,
                             actor_id=i, token=token,
                             tls_ca=tls, tls_server_name="localhost" if tls else None) for i in range(actors.count)]

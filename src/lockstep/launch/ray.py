@@ -132,7 +132,7 @@ class RayActors:
         level = logging.getLogger().getEffectiveLevel()
         for i in range(actors.count):
             options = ActorOptions(learner=address, env=env.id, obs_keys=tuple(env.obs_keys),
-                                   env_kwargs=env.vector_kwargs(), envs_per_actor=actors.envs_per_actor,
+                                   env_kwargs=self.config.vector_kwargs(), envs_per_actor=actors.envs_per_actor,
                                    vector=actors.vector, actor_id=i,
                                    token=self.token, tls_server_name="localhost" if ca and self._own else None)
             actor = _Actor(i, remote.remote(options, level, ca))

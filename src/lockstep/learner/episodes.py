@@ -25,7 +25,9 @@ shares, ``SHARED_POLICY``); each slot's noise is its own stream of ``--seed`` an
 where the slot's agent starts an episode, as the learner does. An agent's return is its rewards summed until
 it left (its slot is inactive from then until the env's episode ends, its actions ignored); the env's episode
 ends when every agent has left, and its team return is its agents' returns summed (``TeamEpisode``). Agents
-are grouped by the policy that acts for them (``policy_of_agents``, ``policy_returns``). Video: the env is
+are grouped by the policy that acts for them (``policy_of_agents``, ``policy_returns``). With several policies
+(``policies``, ``learner.team``) ``team_act`` acts: each policy for its own agents' slots, from its own part of
+their observations, with a noise stream of its own, its actions put together as the learner puts them. Video: the env is
 made with ``render_mode="rgb_array"`` and renders after its reset and after each step, the episode's last
 step included (``ParallelSlots`` resets the env in that same step, so the frame is taken inside it).
 """
@@ -144,10 +146,10 @@ def parallel_module(env_id: str) -> str | None:
         return None
 
 
-def policy_of_agents(agents: list[str]) -> tuple[str, ...]:
-    """The name of the policy that acts for each agent (``possible_agents`` order): every agent's is the run's
-    one policy, ``SHARED_POLICY``."""
-    return (SHARED_POLICY,) * len(agents)
+def policy_of_agents(slots: pettingzoo.ParallelSlots) -> tuple[str, ...]:
+    """The name of the policy that acts for each agent (``possible_agents`` order): with several policies each
+    agent's own (``policies``), else every agent's is the run's one policy, ``SHARED_POLICY``."""
+    return slots.policy_of or (SHARED_POLICY,) * len(slots.agents)
 
 
 def policy_returns(episodes: list[TeamEpisode], agents: list[str],
@@ -223,9 +225,47 @@ def slots_act(model: Policy, normalize: ObsNormalizer, specs: tuple[SpaceSpec, S
     return _Player(model, normalize, act_spec, deterministic, seed, device, obs_spec, slots).actions
 
 
+def team_act(slots: pettingzoo.ParallelSlots, config: config_lib.Config, stored: dict[str, dict[str, Any]],
+             deterministic: bool, seed: int, device: torch.device, source: str) -> SlotsAct:
+    """Several policies acting for one env's agents (module docstring): ``stored`` holds each policy's parameters
+    (``model``, a state dict) and observation statistics (``obs_rms``), as a checkpoint's
+    ``trainer.policies.NAME``; an ``EvalError`` naming ``source`` and the policy that does not fit."""
+    from lockstep.algo.normalize import stored_moments
+    from lockstep.envs import EnvSpec
+    from lockstep.learner.team import PolicyView, policy_config
+    from lockstep.models.load import PolicyMismatch, load_policy
+
+    observation, action = slot_specs(slots, config.env)
+    spec = EnvSpec(config.env.id, observation, action, agents=len(slots.agents), policy_of=slots.policy_of,
+                   agent_names=tuple(slots.agents))
+    A = len(slots.agents)
+    players = {}
+    for index, name in enumerate(spec.policies):
+        if name not in stored:
+            raise EvalError(f"{source} holds the policies {sorted(stored)}, not {name!r} of the run's config")
+        view = PolicyView(spec, name, config.env.action_mask_key)
+        mean, var = stored_moments(stored[name].get("obs_rms"))
+        try:
+            model, normalize = load_policy(policy_config(config, name), view.observation, view.action,
+                                           stored[name]["model"], mean, var, device, f"{source} (policy {name})")
+        except PolicyMismatch as err:
+            raise EvalError(str(err)) from err
+        rows = view.columns(A)
+        players[name] = view, rows, _Player(model, normalize, view.action, deterministic, seed, device,
+                                            view.observation, len(rows), stream=index)
+
+    def act_all(records: np.ndarray, first: np.ndarray) -> Any:
+        flat = np.zeros((A, *action.element_shape), action.action_dtype)  # [A, *act] as the learner sends them
+        for view, rows, player in players.values():
+            view.put_actions(flat, rows, player.flat(view.obs(records[rows]), first[rows]))
+        return env_actions(flat, action)
+
+    return act_all
+
+
 def make_slots(env_id: str, kwargs: dict[str, Any], render: bool) -> pettingzoo.ParallelSlots:
     """One env of the PettingZoo parallel env ``env_id``, as lockstep's vector env of it with one slot per agent,
-    built with ``kwargs`` as the actors build theirs (the config's ``env.vector_kwargs()``), rendering
+    built with ``kwargs`` as the actors build theirs (the config's ``vector_kwargs()``), rendering
     ``rgb_array`` frames when ``render``; an ``EvalError`` that says why it cannot be made."""
     kwargs = dict(kwargs)
     if render:
@@ -286,11 +326,11 @@ class _Player:
     noise, or the mode."""
 
     def __init__(self, model: Policy, normalize: ObsNormalizer, action: SpaceSpec, deterministic: bool,
-                 seed: int, device: torch.device, observation: SpaceSpec, slots: int = 1) -> None:
+                 seed: int, device: torch.device, observation: SpaceSpec, slots: int = 1, stream: int = 0) -> None:
         self.model, self.normalize, self.device, self.deterministic = model, normalize, device, deterministic
         self.observation = observation  # a Dict or Tuple observation is turned into records, as the actor does
         self.action = action
-        self.keys = noise.slot_keys(seed, 0, slots)  # [slots]
+        self.keys = noise.slot_keys(seed, stream, slots)  # [slots]: a policy of several has a stream of its own
         self.steps = 0
         self.state = model.initial_state(slots)  # [slots, S]
 
@@ -313,6 +353,10 @@ class _Player:
     def actions(self, batch: np.ndarray, first: np.ndarray | None = None) -> Any:
         """Every slot's observation [slots, *obs] -> the vector env's actions (``env_actions``); the recurrent
         state of the slots ``first`` marks [slots] is zeroed first."""
+        return env_actions(self.flat(batch, first), self.action)
+
+    def flat(self, batch: np.ndarray, first: np.ndarray | None = None) -> np.ndarray:
+        """``actions`` as the learner sends them: [slots, *act]."""
         if first is not None:
             self.state = np.where(first[:, None], self.model.initial_state(len(first)), self.state)
         if self.deterministic:
@@ -321,7 +365,7 @@ class _Player:
             uniform = noise.uniform(self.keys, np.full(len(self.keys), self.steps, np.uint64), self.model.noise_width)
             action, _, _, self.state = act(self.model, self.normalize, batch, uniform, self.state, self.device)
         self.steps += 1
-        return env_actions(action, self.action)
+        return action
 
     def _mode(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The most likely action: obs [slots, *obs] -> action [slots, *act], next state [slots, S]."""

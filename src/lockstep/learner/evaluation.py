@@ -177,9 +177,11 @@ class Evaluator:
         if self._in_flight is not None:
             return False
         video = bool(self.video_every) and self.submitted % self.video_every == 0
+        team = getattr(trainer, "trainers", None)  # several policies (``learner.team``): each one's
         self._requests.put({"iteration": trainer.iteration, "env_steps": trainer.env_steps,
-                            "version": trainer.version, "parameters": _numpy(trainer.model), "video": video,
-                            "obs_rms": None if trainer.obs_rms is None else trainer.obs_rms.state_dict(),
+                            "version": trainer.version, "video": video, **(_policies(team) if team else {
+                                "parameters": _numpy(trainer.model),
+                                "obs_rms": None if trainer.obs_rms is None else trainer.obs_rms.state_dict()}),
                             "oldest": None if oldest is None else {
                                 "version": oldest.version, "parameters": _numpy(oldest.model),
                                 "obs_mean": oldest.obs_mean, "obs_var": oldest.obs_var}})
@@ -240,6 +242,13 @@ class Evaluator:
                 "best": self.best, "last": self.last and self.last.figures()}
 
 
+def _policies(trainers: dict[str, Trainer]) -> dict[str, Any]:
+    """What crosses to the evaluation process of several policies: each one's parameters and statistics."""
+    return {"parameters": None, "obs_rms": None, "policies": {
+        name: {"parameters": _numpy(t.model), "obs_rms": None if t.obs_rms is None else t.obs_rms.state_dict(),
+               "version": t.version} for name, t in trainers.items()}}
+
+
 def _numpy(model) -> dict[str, Any]:
     """A copy of ``model``'s parameters as numpy arrays, on the CPU: what crosses to the evaluation process."""
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
@@ -288,9 +297,10 @@ class _Evaluation:
         self.game = is_game(self.config.env.id)  # games are played against random moves and the oldest member
         self.parallel = parallel_module(self.config.env.id) is not None  # whole episodes, every agent acting
         self.agents: tuple[str, ...] = ()  # a parallel env's possible_agents, once it has been made
+        self.policy_of: tuple[str, ...] = ()  # ... and the policy that acts for each
 
     def evaluate(self, request: dict[str, Any]) -> EvalResult:
-        from lockstep.learner.episodes import EvalError, outcomes, policy_of_agents, policy_returns
+        from lockstep.learner.episodes import EvalError, outcomes, policy_returns
 
         start = time.perf_counter()
         result = EvalResult(request["iteration"], request["env_steps"], request["version"], [], [], 0.0)
@@ -309,7 +319,7 @@ class _Evaluation:
                 result.returns = [r for e in played for r in e.returns.values()]
                 result.team_returns = [e.ret for e in played]
                 result.policies = {name: statistics.fmean(returns) for name, returns
-                                   in policy_returns(played, agents, policy_of_agents(agents)).items() if returns}
+                                   in policy_returns(played, agents, self.policy_of).items() if returns}
             if self.game:
                 result.outcomes["win_rate_random"] = outcomes(result.returns)["win_rate"]
                 if request["oldest"] is not None:
@@ -360,13 +370,26 @@ class _Evaluation:
         import torch
 
         from lockstep.algo.normalize import stored_moments
-        from lockstep.learner.episodes import make_slots, play_parallel, slot_specs, slots_act
+        from lockstep.learner.episodes import (
+            make_slots,
+            play_parallel,
+            policy_of_agents,
+            slot_specs,
+            slots_act,
+            team_act,
+        )
 
         env = self.config.env
-        slots = make_slots(env.id, env.vector_kwargs(), video is not None)
+        slots = make_slots(env.id, self.config.vector_kwargs(), video is not None)
         try:
-            self.agents = tuple(slots.agents)
+            self.agents, self.policy_of = tuple(slots.agents), policy_of_agents(slots)
             specs = slot_specs(slots, env)
+            if request.get("policies") is not None:  # several policies (``learner.team``): each for its own agents
+                stored = {name: {"model": {k: torch.from_numpy(v) for k, v in policy["parameters"].items()},
+                                 "obs_rms": policy["obs_rms"]} for name, policy in request["policies"].items()}
+                act = team_act(slots, self.config, stored, self.deterministic, self.seed, torch.device("cpu"),
+                               f"version {request['version']}")
+                return play_parallel(slots, act, specs[0], self.episodes, self.seed, video)
             mean, var = stored_moments(request["obs_rms"])
             model, normalize = self._policy(specs, request["parameters"], mean, var, f"version {request['version']}")
             act = slots_act(model, normalize, specs, self.deterministic, self.seed, torch.device("cpu"),
@@ -388,9 +411,14 @@ class _Evaluation:
 
         from lockstep.learner import checkpoint
 
-        trainer = {"model": {k: torch.from_numpy(v) for k, v in request["parameters"].items()},
-                   "obs_rms": request["obs_rms"], "iteration": result.iteration, "version": result.version,
-                   "env_steps": result.env_steps}
+        trainer = {"iteration": result.iteration, "version": result.version, "env_steps": result.env_steps}
+        if request.get("policies") is not None:  # as a checkpoint of several policies holds them
+            trainer["policies"] = {name: {"model": {k: torch.from_numpy(v) for k, v in p["parameters"].items()},
+                                          "obs_rms": p["obs_rms"], "version": p["version"]}
+                                   for name, p in request["policies"].items()}
+        else:
+            trainer |= {"model": {k: torch.from_numpy(v) for k, v in request["parameters"].items()},
+                        "obs_rms": request["obs_rms"]}
         figures = {**result.figures(), "deterministic": self.deterministic, "seed": self.seed}
         checkpoint.save({"trainer": trainer, "eval": figures, "config": dataclasses.asdict(self.config)},
                         self.run_dir / "checkpoints" / checkpoint.BEST_FILE)

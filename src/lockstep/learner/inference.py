@@ -154,6 +154,7 @@ class InferenceResult:
     version: int
     state: np.ndarray  # [k, S] each slot's state after this step (S = 0: a feedforward policy)
     torn: bool = False  # the forward pass read parameters of two versions (in-place strategies only)
+    versions: np.ndarray | None = None  # [k] each slot's version, where they differ (several policies: ``team``)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lockstep.learner import team
 from lockstep.learner.backends import InferenceStats
 from lockstep.learner.evaluation import EvalResult, Evaluator
 from lockstep.learner.trainer import Trainer, TrainStats
@@ -37,7 +38,7 @@ class Report:
     """Turns the trainer's, the backend's and the learner's counts into metrics rows and the summary."""
 
     def __init__(self, run_dir: Path, trainer: Trainer, episodes: EpisodeTracker, clock: Clock,
-                 agents: int = 1) -> None:
+                 agents: int = 1, policies: tuple[str, ...] = ()) -> None:
         self.run_dir = run_dir
         self.trainer, self.episodes, self.clock = trainer, episodes, clock
         self.counters = Counters()
@@ -52,9 +53,12 @@ class Report:
         self.opponents: OpponentPool | None = None  # a self-play run's: its oldest member is evaluated against
         # a multi-agent env's per-env episodes (``agents`` slots per env; ``learner.teams``)
         self.teams = EpisodeTracker(()) if agents > 1 else None
+        # several policies (``learner.team``): each one's return per agent in each env episode
+        self.policy_returns = {name: EpisodeTracker(()) for name in policies}
 
     def open(self, resume_after: int | None) -> None:
-        self.metrics = MetricsWriter(self.run_dir, resume_after=resume_after)
+        extra = [f"{POLICY_PREFIX}{name}/{key}" for name in self.policy_returns for key in POLICY_COLUMNS]
+        self.metrics = MetricsWriter(self.run_dir, resume_after=resume_after, extra=extra)
         config = self.trainer.config
         ranks = self.trainer.ranks
         if config.run.eval_every and (ranks is None or ranks.rank == 0):  # the ranks' parameters are identical
@@ -87,6 +91,8 @@ class Report:
             "trainer": self.trainer.state_dict(),
             "episodes": self.episodes.state_dict(),
             **({"teams": self.teams.state_dict()} if self.teams is not None else {}),
+            **({"policy_returns": {name: t.state_dict() for name, t in self.policy_returns.items()}}
+               if self.policy_returns else {}),
             "counters": self.totals(),
             "slot_counters": dict(slot_counters),
             "wall_s": self.clock.wall_s,
@@ -99,6 +105,8 @@ class Report:
         self.episodes.load_state_dict(state["episodes"])
         if self.teams is not None and "teams" in state:
             self.teams.load_state_dict(state["teams"])
+        for name, tracker in self.policy_returns.items():
+            tracker.load_state_dict(state["policy_returns"][name])
         self.restore(state["counters"])
         self.clock.offset = state["wall_s"]
         return {int(k): v for k, v in state["slot_counters"].items()}
@@ -162,6 +170,7 @@ class Report:
             "clip_fraction": stats.update.clip_fraction,
             **_eval_columns(evaluated),
             **self._team_columns(),
+            **self._policy_columns(stats),
             # an action of several parts: TensorBoard and W&B only (metrics.csv's columns are the same for every env)
             **{f"entropy/{entry}": value for entry, value in stats.entropy_by_entry.items()},
         }
@@ -183,6 +192,18 @@ class Report:
         teams = self.teams.stats()
         return {"team_episodes": teams["episodes"], "team_return_mean": teams["episode_return_mean"]}
 
+    def _policy_columns(self, stats: TrainStats) -> dict[str, Any]:
+        """Several policies: each one's columns (``POLICY_COLUMNS``) under ``policy/NAME/``."""
+        columns = {}
+        for name, tracker in self.policy_returns.items():
+            own, episodes = stats.policies[name], tracker.stats()
+            values = {"version": own.version, "samples": own.samples, "episode_return_mean": episodes[
+                "episode_return_mean"], "policy_loss": own.update.policy_loss, "value_loss": own.update.value_loss,
+                      "entropy": own.update.entropy, "approx_kl": own.update.approx_kl,
+                      "clip_fraction": own.update.clip_fraction}
+            columns.update({f"{POLICY_PREFIX}{name}/{key}": values[key] for key in POLICY_COLUMNS})
+        return columns
+
     def _evaluate(self) -> EvalResult | None:
         """The evaluation that finished since the last row; hand over the trainer's version if one is due."""
         if self.evaluator is None:
@@ -193,6 +214,14 @@ class Report:
         if self.evaluator.due(self.trainer.iteration) and not self.evaluator.submit(self.trainer, oldest):
             self.counters.skipped_evaluations += 1
         return evaluated
+
+    def _policy_summary(self) -> dict[str, Any]:
+        """summary.json's ``policies``: each policy's agents, version, samples and return per agent."""
+        described = team.summary(self.trainer)
+        for name, tracker in self.policy_returns.items():
+            mean = tracker.stats()["episode_return_mean"]
+            described[name]["episode_return_mean"] = None if math.isnan(mean) else mean
+        return described
 
     def time_split(self, codec_s: float) -> dict[str, float]:
         """Where the learner's wall time went: a cheap in-process account, not a profile.
@@ -224,6 +253,7 @@ class Report:
             "episode_return_mean": None if math.isnan(ep["episode_return_mean"]) else ep["episode_return_mean"],
             "first_reached": self.episodes.first_reached,
             **{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in self._team_columns().items()},
+            **({"policies": self._policy_summary()} if self.policy_returns else {}),
             **self.totals(),
             "transitions_trained": trainer.samples_trained,  # by this learner (env_steps: by all, if several)
             "policy_lag_mean": trainer.lag_sum / trainer.samples_trained if trainer.samples_trained else 0.0,
@@ -242,6 +272,12 @@ class Report:
             self.tracker.finish(summary)
             self.tracker = None
         return summary
+
+
+POLICY_PREFIX = "policy/"
+# a run of several policies: these columns of each policy, in metrics.csv and TensorBoard, as policy/NAME/KEY
+POLICY_COLUMNS = ("version", "samples", "episode_return_mean", "policy_loss", "value_loss", "entropy", "approx_kl",
+                  "clip_fraction")
 
 
 def _eval_columns(result: EvalResult | None) -> dict[str, Any]:

@@ -52,7 +52,8 @@ class Unroll:
         return self.obs.shape[0]
 
     def record_action(self, t: int, obs: np.ndarray, action: np.ndarray, logprob: np.ndarray,
-                      value: np.ndarray, version: int) -> None:
+                      value: np.ndarray, version: int | np.ndarray) -> None:
+        """Step t's inference: ``version`` the one that acted, or [k] each slot's (several policies)."""
         self.obs[t] = obs
         self.actions[t] = action
         self.logprobs[t] = logprob

@@ -153,6 +153,8 @@ class Sessions:
         # a PettingZoo parallel env's finished env episodes, their agents' returns summed (``learner.teams``),
         # the report's, so that a resumed run continues them
         self.teams: EpisodeTracker | None = None
+        # several policies: each policy's episodes, the mean return of its agents in each env episode (the report's)
+        self.policy_returns: dict[str, EpisodeTracker] = {}
         self.failure: str | None = None  # why the learner failed (``fail``): every connection is refused with it
         self.on_failure: Callable[[BaseException], None] = lambda error: None  # the learner's: it stops the run
 
@@ -324,8 +326,11 @@ class Session:
         self.state = np.zeros((self.num_envs, sessions.backend.state_size), np.float32)
         # per-env returns of a multi-agent env; an actor's first connection starts at its envs' reset
         agents = sessions.spec.agents
-        self.teams = (TeamReturns(agents, self.num_envs, from_reset=self.counter == 0)
+        policies = sessions.spec.policies
+        groups = tuple(policies.index(p) for p in sessions.spec.policy_of)
+        self.teams = (TeamReturns(agents, self.num_envs, from_reset=self.counter == 0, groups=groups)
                       if sessions.teams is not None and self.num_envs % agents == 0 else None)
+        self._per_agent = np.bincount(groups, minlength=len(policies)) if groups else None  # [G] agents each
         self.replaced_by: str | None = None  # the connection that replaced this one: "run ID from PEER"
         spec = sessions.spec
         self._shapes = (spec.observation.shape, spec.observation.array_dtype,
@@ -377,7 +382,8 @@ class Session:
         if admission.step == 0:
             self.unroll = Unroll(self.member, self.num_envs, sessions.steps_per_phase, *self._shapes,
                                  initial_state=state_in)
-        self.unroll.record_action(admission.step, data.obs, out.actions, out.logprobs, out.values, out.version)
+        self.unroll.record_action(admission.step, data.obs, out.actions, out.logprobs, out.values,
+                                  out.version if out.versions is None else out.versions)
         sessions.counters.transitions_collected += self.num_envs
         self.last_step = admission.step
         self._answered = time.perf_counter()
@@ -407,6 +413,9 @@ class Session:
             returns, lengths = self.teams.step(data.reward, data.terminated, data.truncated)
             sessions.teams.add(returns, lengths, sessions.counters.collected_steps, sessions.clock.wall_s,
                                key=(self.counter, self.member))
+            for g, tracker in enumerate(sessions.policy_returns.values()):
+                tracker.add(self.teams.last_shares[:, g] / self._per_agent[g], lengths,
+                            sessions.counters.collected_steps, sessions.clock.wall_s, key=(self.counter, self.member))
 
         self._loop = asyncio.get_running_loop()  # where _release sends the admission
         result = sessions.gate.request(self.member, self._release)

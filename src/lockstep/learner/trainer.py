@@ -49,6 +49,7 @@ class TrainStats:
     update: ppo.UpdateStats
     # an action of several parts: the mean entropy of each (a MultiDiscrete's dimensions, a Dict's leaves)
     entropy_by_entry: dict[str, float] = field(default_factory=dict)
+    policies: dict[str, TrainStats] = field(default_factory=dict)  # several policies: each one's (``team``)
 
 
 class RewardScaler:

@@ -30,8 +30,7 @@ from lockstep import sync
 from lockstep.config import Config
 from lockstep.config import save as save_config
 from lockstep.envs import env_spec
-from lockstep.learner import RunFailed, event_loop, opponents
-from lockstep.learner.audit_trail import AuditWriter
+from lockstep.learner import RunFailed, event_loop, opponents, team
 from lockstep.learner.checkpoint import Checkpointer
 from lockstep.learner.device import prepare_device
 from lockstep.learner.distributed import Ranks
@@ -57,14 +56,15 @@ class Learner:
         config.validate()
         security.check_server(config.learner.listen, token, config.learner.tls_cert, config.learner.tls_key)
         self.config, self.run_dir, self.token = config, run_dir, token  # the token is never written to the run dir
-        self.spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.vector_kwargs())
+        self.spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.vector_kwargs())
         self.device = prepare_device(config.learner.device, config.learner.deterministic)
         torch.set_num_threads(config.learner.torch_threads)
         self.strategy = parts.strategy or sync.strategy(config.sync.strategy, config.sync.max_lag)
         self.ranks = ranks  # several learners training one policy (torch.distributed): distributed.py
+        parts = team.parts(parts) if self.spec.policies else parts  # several policies: learner/team.py
         self.trainer = parts.trainer(config, self.spec, self.device, max_lag=self.strategy.max_lag, ranks=ranks)
         self.clock, self.episodes = Clock(), EpisodeTracker(config.return_thresholds())
-        self.report = Report(run_dir, self.trainer, self.episodes, self.clock, self.spec.agents)
+        self.report = Report(run_dir, self.trainer, self.episodes, self.clock, self.spec.agents, self.spec.policies)
         run = config.run
         self.checkpointer = Checkpointer(run_dir / "checkpoints", run.checkpoint_every, run.checkpoint_minutes,
                                          run.keep_checkpoints)
@@ -79,7 +79,7 @@ class Learner:
         self.gate = self.strategy.gate(config.ppo.steps_per_env, config.min_actors, start_version=self.trainer.version,
                                        cutoff=config.sync.phase_cutoff, min_unroll=config.sync.min_unroll,
                                        close_empty=ranks is not None)  # the other ranks wait for this one's update
-        self.audit = AuditWriter(run_dir / "audit", config, fresh=not resume) if run.audit else None
+        self.audit = parts.audit(run_dir / "audit", config, self.trainer, not resume) if run.audit else None
         self.phases = PhaseStore()
         self.backend = parts.backend(self.trainer, config, lambda: self.sessions.expected_requests(), self.audit)
         if parts.wrap_backend is not None:
@@ -89,6 +89,7 @@ class Learner:
         self.sessions.slot_counters.update(slot_counters)
         self.sessions.opponents = opponents.for_run(config, self.spec, self.backend, self.report.counters)
         self.report.opponents, self.sessions.teams = self.sessions.opponents, self.report.teams  # both use them
+        self.sessions.policy_returns = self.report.policy_returns
         self.sessions.on_failure = lambda error: self.stop(error=error)  # the learner's own code failed
         self.port, self.local_address, self.error = None, None, None  # gRPC port; unix:/path (or None); failure
         self._servers: list[LearnerServer | shm.LocalServer] = []  # their codec_s goes into the time split

@@ -175,19 +175,21 @@ class MetricsWriter:
     any rows written after it, so the file has no gap and no duplicate.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_after: int | None = None) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_after: int | None = None,
+                 extra: list[str] | tuple[str, ...] = ()) -> None:
         self.path = run_dir / "metrics.csv"
+        self.columns = [*COLUMNS, *extra]  # extra: a run's own columns after the standard ones (several policies)
         exists = resume_after is not None and self.path.exists()
         if exists:
             with self.path.open(newline="") as f:
                 rows = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_after]
             text = io.StringIO(newline="")
-            writer = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
+            writer = csv.DictWriter(text, fieldnames=self.columns, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
             atomic_write(self.path, text.getvalue())
         self._file = self.path.open("a" if exists else "w", newline="")
-        self._csv = csv.DictWriter(self._file, fieldnames=COLUMNS, extrasaction="ignore")
+        self._csv = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
         if not exists:
             self._csv.writeheader()
         self._tb = None
@@ -199,13 +201,13 @@ class MetricsWriter:
             self._event, self._summary = event_pb2.Event, summary_pb2.Summary
 
     def write(self, row: dict[str, Any]) -> None:
-        self._csv.writerow({k: _fmt(row.get(k)) for k in COLUMNS})
+        self._csv.writerow({k: _fmt(row.get(k)) for k in self.columns})
         self._file.flush()
         if self._tb is not None:
             # One event per row with every scalar in it (TensorBoard reads each value as its own tag's
             # point): a tenth of the cost of an event per scalar, and the row is on the training path.
             per_part = [key for key in row if key.startswith("entropy/")]  # an action of several parts
-            self._scalars(row, [key for key in COLUMNS[3:] if key not in EVAL_COLUMNS] + per_part,
+            self._scalars(row, [key for key in self.columns[3:] if key not in EVAL_COLUMNS] + per_part,
                           int(row["env_steps"]))
             if row.get("eval_env_steps") is not None:
                 self._scalars(row, EVAL_COLUMNS[:2] + EVAL_COLUMNS[4:6] + EVAL_COLUMNS[7:], int(row["eval_env_steps"]))

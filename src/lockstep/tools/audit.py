@@ -25,7 +25,7 @@ from lockstep.config import Config
 from lockstep.config import load as load_config
 from lockstep.envs import EnvSpec, env_spec
 from lockstep.envs.spaces import ACTIVE_LEAF
-from lockstep.learner import checkpoint
+from lockstep.learner import checkpoint, team
 from lockstep.models import Policy, build_policy
 from lockstep.models.load import PolicyMismatch, load_policy
 from lockstep.observe.run_dir import RunDir
@@ -341,20 +341,24 @@ def _recompute(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: 
     return out, magnitude
 
 
-def check(run_dir: Path, tolerance: float = 1e-5) -> AuditReport:
-    """Recompute the behaviour log-prob of every recorded sample with the policy version stamped on it.
+def check(run_dir: Path, tolerance: float = 1e-5, policy: str | None = None) -> AuditReport:
+    """Recompute the behaviour log-prob of every recorded sample with the policy version stamped on it; of
+    ``policy``'s samples, for a run of several policies (``policies``: each has its own trail, ``policies_of``).
 
     Raises ``AuditError`` when ``run_dir`` has no audit trail (or no readable config in it).
     """
     run_dir = Path(run_dir)
+    config = _config(run_dir)
+    spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.vector_kwargs())
     directory = run_dir / "audit"
-    if not directory.is_dir():
-        raise AuditError(f"{run_dir} has no audit/ directory: run with lockstep train --audit")
-    try:
-        config = load_config(directory / "config.yaml")
-    except Exception as err:
-        raise AuditError(f"cannot read {directory / 'config.yaml'}: {err}") from err
-    spec = env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.env.vector_kwargs())
+    if spec.policies:
+        if policy not in spec.policies:
+            raise AuditError(f"{run_dir} trained the policies {list(spec.policies)}: audit each of them")
+        directory = team.policy_audit_dir(directory, policy)
+        config = team.policy_config(config, policy)
+        spec = team.PolicyView(spec, policy, config.env.action_mask_key).spec
+    elif policy is not None:
+        raise AuditError(f"{run_dir} trained one policy, not {policy!r}")
     policies = _Policies(directory, config, spec)
     batches = []
     for path in directory.glob("batch_*.npz"):
@@ -364,6 +368,22 @@ def check(run_dir: Path, tolerance: float = 1e-5) -> AuditReport:
     results = [_check_batch(path, n, policies, spec, tolerance) for n, path in sorted(batches)]
     summary = RunDir(run_dir).summary() or {}
     return AuditReport(run_dir, tolerance, results, int(summary.get("opponent_moves", 0)))
+
+
+def policies_of(run_dir: Path) -> list[str | None]:
+    """The policies whose trails ``check`` audits: each of a run of several, or [None] for one policy."""
+    config = _config(Path(run_dir))
+    return list(config.policies) or [None]
+
+
+def _config(run_dir: Path) -> Config:
+    directory = run_dir / "audit"
+    if not directory.is_dir():
+        raise AuditError(f"{run_dir} has no audit/ directory: run with lockstep train --audit")
+    try:
+        return load_config(directory / "config.yaml")
+    except Exception as err:
+        raise AuditError(f"cannot read {directory / 'config.yaml'}: {err}") from err
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -421,9 +441,16 @@ def main(run_dir: str, tolerance: float = 1e-5) -> int:
     """``lockstep audit RUN_DIR``: print the report, ending with its verdict line. Returns the exit code:
     0 PASS, 1 FAIL (see ``IterationAudit.failures``), 2 nothing to audit (no trail, or no batch in it)."""
     try:
-        report = check(Path(run_dir), tolerance)
+        policies = policies_of(Path(run_dir))
+        reports = {policy: check(Path(run_dir), tolerance, policy) for policy in policies}
     except AuditError as err:
         print(f"lockstep audit: {err}", file=sys.stderr)
         return 2
-    print(format_report(report))
-    return report.exit_code
+    for policy, report in reports.items():
+        if policy is not None:  # several policies: each one's trail, its own versions
+            print(f"policy {policy}:")
+        print(format_report(report))
+    if len(reports) > 1:
+        failed = [policy for policy, report in reports.items() if report.exit_code]
+        print(f"FAIL: policies {failed}" if failed else f"PASS: every policy ({', '.join(reports)})")
+    return max(report.exit_code for report in reports.values())

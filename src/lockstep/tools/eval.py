@@ -51,6 +51,7 @@ from lockstep.learner.episodes import (
     policy_returns,
     slot_specs,
     slots_act,
+    team_act,
 )
 from lockstep.models import Policy
 from lockstep.models.load import PolicyMismatch, load_policy
@@ -136,18 +137,26 @@ def load_from_checkpoint(run_dir: Path, checkpoint: str | None, observation: Spa
                          device: torch.device) -> tuple[config_lib.Config, Policy, ObsNormalizer, Path, int]:
     """The run's config, its policy and observation normalizer from a checkpoint, the checkpoint's path
     and the iteration it was written at."""
-    config = load_config(run_dir)
-    try:
-        path = checkpoint_lib.find(RunDir(run_dir).checkpoints, checkpoint or checkpoint_lib.FINAL)
-    except FileNotFoundError as err:
-        raise EvalError(f"{err}; pass --checkpoint FILE to use another" if checkpoint is None else str(err)) from err
-    trainer = checkpoint_lib.load(path)["trainer"]
+    config, path, trainer = _stored(run_dir, checkpoint)
+    if "policies" in trainer:
+        raise EvalError(f"{path} holds several policies ({', '.join(trainer['policies'])}); a run of several "
+                        "policies evaluates its PettingZoo parallel env")
     mean, var = stored_moments(trainer.get("obs_rms"))
     try:
         model, normalize = load_policy(config, observation, action, trainer["model"], mean, var, device, str(path))
     except PolicyMismatch as err:
         raise EvalError(str(err)) from err
     return config, model, normalize, path, int(trainer["iteration"])
+
+
+def _stored(run_dir: Path, checkpoint: str | None) -> tuple[config_lib.Config, Path, dict[str, Any]]:
+    """The run's config, the checkpoint ``checkpoint`` names (default: the final one) and its trainer's state."""
+    config = load_config(run_dir)
+    try:
+        path = checkpoint_lib.find(RunDir(run_dir).checkpoints, checkpoint or checkpoint_lib.FINAL)
+    except FileNotFoundError as err:
+        raise EvalError(f"{err}; pass --checkpoint FILE to use another" if checkpoint is None else str(err)) from err
+    return config, path, checkpoint_lib.load(path)["trainer"]
 
 
 def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, seed: int = 0,
@@ -159,13 +168,14 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
     if episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {episodes}")
     torch_device = prepare_device(device)  # on a GPU in float32, as the learner served it
-    env_config = load_config(run_dir).env
+    config = load_config(run_dir)
+    env_config = config.env
     env_id = env_config.id
     if parallel_module(env_id) is not None:
         if opponent is not None:
             raise EvalError(f"--opponent plays a turn-based game's other seats; {env_id} is no self-play game")
-        return _evaluate_parallel(run_dir, env_config, episodes, deterministic, seed, torch_device, checkpoint,
-                                  video_dir, on_episode)
+        return _evaluate_parallel(run_dir, env_config, config.vector_kwargs(), episodes, deterministic, seed,
+                                  torch_device, checkpoint, video_dir, on_episode)
     env = make(env_id, video_dir is not None, env_config.kwargs)
     try:
         obs_spec, act_spec = env_specs(env, env_config)
@@ -185,17 +195,26 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
         env.close()
 
 
-def _evaluate_parallel(run_dir: Path, env_config: config_lib.EnvConfig, episodes: int, deterministic: bool,
-                       seed: int, device: torch.device, checkpoint: str | None, video_dir: Path | None,
-                       on_episode) -> EvalReport:
-    """``evaluate`` of a PettingZoo parallel env: the run's policy acting for every agent."""
-    slots = make_slots(env_config.id, env_config.vector_kwargs(), video_dir is not None)
+def _evaluate_parallel(run_dir: Path, env_config: config_lib.EnvConfig, kwargs: dict, episodes: int,
+                       deterministic: bool, seed: int, device: torch.device, checkpoint: str | None,
+                       video_dir: Path | None, on_episode) -> EvalReport:
+    """``evaluate`` of a PettingZoo parallel env: the run's policy acting for every agent, on the env its actors
+    built with ``kwargs`` (``Config.vector_kwargs``: with a centralized critic, slots that carry the global
+    state, which the actor's network does not read)."""
+    slots = make_slots(env_config.id, kwargs, video_dir is not None)
     try:
         specs = slot_specs(slots, env_config)
-        _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, *specs, device)
+        if slots.policy_of:  # several policies: each acts for its own agents
+            config, path, trainer = _stored(run_dir, checkpoint)
+            if "policies" not in trainer:
+                raise EvalError(f"{path} holds one policy; the run's config maps its agents to several")
+            act = team_act(slots, config, trainer["policies"], deterministic, seed, device, str(path))
+            iteration = int(trainer["iteration"])
+        else:
+            _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, *specs, device)
+            act = slots_act(model, normalize, specs, deterministic, seed, device, len(slots.agents))
         report = EvalReport(str(run_dir), str(path), iteration, env_config.id, deterministic, seed,
-                            agents=list(slots.agents), policy_of_agent=policy_of_agents(list(slots.agents)))
-        act = slots_act(model, normalize, specs, deterministic, seed, device, len(slots.agents))
+                            agents=list(slots.agents), policy_of_agent=policy_of_agents(slots))
         report.episodes = play_parallel(slots, act, specs[0], episodes, seed, video_dir, on_episode)
         return report
     finally:

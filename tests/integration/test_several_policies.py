@@ -1,0 +1,122 @@
+"""Several policies in one run (``policies``): agents of different spaces, each kind with a policy of its own,
+trained by real actor processes over shared memory and gRPC; strict per policy, the audit per policy, and a
+frozen policy that acts and never changes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import learner_config
+
+from lockstep import cli
+from lockstep import config as config_lib
+from lockstep.envs import env_spec
+from lockstep.envs.kinds import CHOICES
+from lockstep.launch.local import train
+from lockstep.learner import checkpoint
+from lockstep.observe.run_dir import RunDir
+from lockstep.tools import audit
+
+KINDS = "pettingzoo:lockstep.envs.kinds"  # scouts: Box(3) -> Discrete(3); the pilot: Box(5) -> Discrete(2)
+T = 16
+POLICIES = {"scouts": {"agents": ["scout_*"]}, "pilots": {"agents": ["pilot_*"]}}
+
+
+def _config(transport: str, policies: dict = POLICIES, **overrides) -> config_lib.Config:
+    config = learner_config({"env.id": KINDS, "actors.count": 2, "actors.envs_per_actor": 2,
+                             "actors.transport": transport, "ppo.steps_per_env": T, "ppo.lr": 0.003,
+                             "model.hidden": [16], "learner.device": "cpu", "run.audit": True, **overrides})
+    config.policies = config_lib.from_dict({"policies": policies}).policies
+    return config
+
+
+def _batches(run_dir, policy: str) -> list[dict[str, np.ndarray]]:
+    found = []
+    for path in sorted((run_dir / "audit" / "policies" / policy).glob("batch_*.npz")):
+        with np.load(path) as batch:
+            found.append({key: batch[key] for key in batch.files})
+    return found
+
+
+def test_one_policy_for_agents_of_different_spaces_is_refused_with_the_way_out():
+    with pytest.raises(ValueError, match="policies"):
+        env_spec(KINDS)
+
+
+@pytest.mark.parametrize("transport", ["shm", "grpc"])
+def test_two_policies_of_different_spaces_learn_each_from_its_own_samples_and_pass_the_audit(tmp_path, transport):
+    run_dir = tmp_path / "run"
+    summary = train(_config(transport, **{"ppo.total_steps": 50 * 2 * 2 * 3 * T}), run_dir)
+    policies = summary["policies"]
+    assert policies["scouts"]["agents"] == ["scout_0", "scout_1"] and policies["pilots"]["agents"] == ["pilot_0"]
+    # random: a scout names its cue in 1 of 3 steps (8/3 an episode), the pilot in 1 of 2 (4); best: LENGTH
+    assert policies["scouts"]["episode_return_mean"] > 6.5, policies
+    assert policies["pilots"]["episode_return_mean"] > 6.5, policies
+    assert policies["scouts"]["version"] == policies["pilots"]["version"] == summary["iterations"] == 50
+    rows = RunDir(run_dir).metrics()
+    assert float(rows[-1]["policy/scouts/episode_return_mean"]) == pytest.approx(
+        policies["scouts"]["episode_return_mean"])
+    assert int(rows[-1]["policy/pilots/samples"]) == 2 * 2 * T  # 2 actors x 2 envs x 1 pilot x T
+    for policy in ("scouts", "pilots"):
+        report = audit.check(run_dir, policy=policy)
+        assert report.exit_code == 0 and report.differing == 0, audit.format_report(report)
+        assert report.samples == 50 * 2 * 2 * len(policies[policy]["agents"]) * T
+    assert audit.main(str(run_dir)) == 0
+    if transport == "shm":  # lockstep eval: each policy acting for its own agents, returns per policy
+        assert cli.main(["eval", str(run_dir), "--episodes", "3", "--deterministic"]) == 0
+        result = json.loads((run_dir / "eval.json").read_text())
+        assert result["policies"]["scouts"]["agents"] == ["scout_0", "scout_1"]
+        assert result["policies"]["scouts"]["count"] == 2 * 3 and result["policies"]["pilots"]["count"] == 3
+        for policy in ("scouts", "pilots"):
+            assert result["policies"][policy]["mean"] > 6.5, result["policies"]  # random: 8/3 and 4
+        per_agent = [e["agents"][a]["return"] for e in result["episodes"] for a in ("scout_0", "scout_1")]
+        assert result["policies"]["scouts"]["mean"] == pytest.approx(np.mean(per_agent))
+
+
+def test_strict_holds_per_policy_each_batch_holds_only_its_own_policys_samples_of_its_version(tmp_path):
+    run_dir = tmp_path / "run"
+    train(_config("inprocess", **{"ppo.total_steps": 6 * 2 * 2 * 3 * T}), run_dir)
+    for policy, width, slots in (("scouts", 3, 2 * 2 * 2), ("pilots", 5, 2 * 2 * 1)):
+        batches = _batches(run_dir, policy)
+        assert len(batches) == 6
+        for iteration, batch in enumerate(batches):
+            # its own observation only: a scout's cue is a one-hot of 3, the pilot's a bit and 4 distractors
+            assert batch["obs/observation"].shape == (T, slots, width)
+            if policy == "scouts":
+                assert (batch["obs/observation"].sum(-1) == 1).all()
+            else:
+                assert np.isin(batch["obs/observation"][..., 0], (0.0, 1.0)).all()
+            assert batch["actions"].shape == (T, slots) and batch["actions"].max() < CHOICES[policy[:-1]]
+            # its own version only: the one that trained on the batch, the phase's
+            assert (batch["versions"] == iteration).all() and int(batch["trained_by"]) == iteration
+
+
+def test_a_frozen_policy_acts_with_the_parameters_it_was_loaded_with_and_never_changes(tmp_path):
+    first = tmp_path / "first"
+    train(_config("inprocess", **{"ppo.total_steps": 30 * 2 * 2 * 3 * T}), first)
+    loaded = checkpoint.load(first / "checkpoints" / "final.pt")["trainer"]["policies"]["pilots"]
+
+    frozen = {**POLICIES, "pilots": {"agents": ["pilot_*"], "train": False, "load": str(first)}}
+    second = tmp_path / "second"
+    summary = train(_config("shm", frozen, **{"ppo.total_steps": 20 * 2 * 2 * 3 * T, "run.eval_every": 10,
+                                              "run.eval_episodes": 3}), second)
+    final = checkpoint.load(second / "checkpoints" / "final.pt")["trainer"]["policies"]
+    for key, value in loaded["model"].items():
+        assert torch.equal(final["pilots"]["model"][key], value), key  # bit for bit
+    pilots = summary["policies"]["pilots"]
+    assert pilots["train"] is False and pilots["version"] == loaded["version"] == 30
+    assert summary["policies"]["scouts"]["version"] == 20  # the other policy trained beside it
+    # the frozen pilot plays as well as it had learned to; its samples are all stamped with its one version
+    assert pilots["episode_return_mean"] > 6.0, pilots
+    for batch in _batches(second, "pilots"):
+        assert (batch["versions"] == 30).all() and int(batch["trained_by"]) == 30
+    assert audit.check(second, policy="pilots").exit_code == 0
+    assert audit.check(second, policy="scouts").exit_code == 0
+    # evaluation while training plays each policy for its own agents: the frozen pilot as well as it learned
+    evaluation = summary["evaluation"]
+    assert evaluation["finished"] >= 1 and evaluation["last"]["policies"]["pilots"] > 6.0, evaluation
+    best = checkpoint.load(second / "checkpoints" / "best.pt")["trainer"]["policies"]
+    assert all(torch.equal(best["pilots"]["model"][key], value) for key, value in loaded["model"].items())

@@ -59,7 +59,11 @@ def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Pol
             raise ValueError(f"model.kind {kind} takes one image; a Dict or Tuple observation gets an encoder per "
                              "leaf (a CNN for each image leaf) before the MLP: set model.kind to auto or mlp")
         if model.lstm_size == 0:
-            return LeafActorCritic(observation, action, model.hidden, model.activation, model.init_log_std)
+            return LeafActorCritic(observation, action, model.hidden, model.activation, model.init_log_std,
+                                   model.critic_input)
+        if model.critic_input == "global":
+            raise ValueError("model.critic_input global needs a feedforward network (model.lstm_size 0): under an "
+                             "LSTM the actor and critic share one torso, which would let the actor read the state")
         encoders = LeafEncoders(observation)  # one trunk under the LSTM, as for a flat observation
         trunk, width = mlp_torso(encoders.width, model.hidden, model.activation)
         torso: nn.Module = nn.Sequential(encoders, trunk)

@@ -79,7 +79,12 @@ class LeafEncoders(nn.Module):
         built = [leaf_encoder(leaf) for _, leaf in observation.leaves]
         # by position: a path may hold dots, which a module name may not
         self.encoders = nn.ModuleList(module for module, _ in built)
-        self.width = sum(width for _, width in built)
+        self.widths = {path: width for path, (_, width) in zip(self.paths, built)}
+        self.width = sum(self.widths.values())
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([encode(obs[path]) for path, encode in zip(self.paths, self.encoders)], -1)
+        return torch.cat(self.features(obs), -1)
+
+    def features(self, obs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Each leaf's features [B, width of the leaf], in the spec's leaf order."""
+        return [encode(obs[path]) for path, encode in zip(self.paths, self.encoders)]

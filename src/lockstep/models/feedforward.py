@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lockstep.envs import SpaceSpec
+from lockstep.envs.spaces import GLOBAL_LEAF
 from lockstep.models.encoders import LeafEncoders, flat_encoder
 from lockstep.models.networks import layer, mlp
 from lockstep.models.policy import Policy
@@ -49,24 +50,45 @@ class LeafActorCritic(Policy):
     Stable-Baselines3's ``share_features_extractor``): docs/architecture.md#dict-and-tuple-observations
     gives the measurement. The value loss trains that CNN too.
 
+    The actor never reads a ``global_state`` leaf (``envs.pettingzoo``: the env's state, for a centralized
+    critic), so that acting needs the agent's own observation alone; with ``critic_input`` global the critic
+    reads it beside every other leaf (MAPPO's critic: the state, the agent's one-hot id and its own observation),
+    with ``own`` it reads what the actor reads.
+
     Its state-dict keys (``encoders.*``, ``actor.*``, ``critic.*``) are layout 2 of a tree's feedforward
     policy; layout 1, a trunk MLP shared by a linear policy head and a linear value head (``torso.*``, its
     heads ``actor.weight`` and ``critic.weight``), is refused by name when loaded, not mis-loaded.
     """
 
     def __init__(self, observation: SpaceSpec, action: SpaceSpec, hidden: list[int],
-                 activation: str = "tanh", init_log_std: float = 0.0) -> None:
+                 activation: str = "tanh", init_log_std: float = 0.0, critic_input: str = "own") -> None:
         super().__init__(action, init_log_std)
         self.encoders = LeafEncoders(observation)
-        self.critic = mlp(self.encoders.width, hidden, 1, activation, 1.0)
-        self.actor = mlp(self.encoders.width, hidden, self.action_dim, activation, 0.01)
+        paths = self.encoders.paths
+        if critic_input == "global" and GLOBAL_LEAF not in paths:
+            raise ValueError(f"model.critic_input global reads the observation's {GLOBAL_LEAF!r} leaf, which a "
+                             f"PettingZoo parallel env's slots carry with it; this observation has {list(paths)}")
+        # positions of the leaves each MLP reads, in the spec's order
+        self.actor_leaves = tuple(i for i, path in enumerate(paths) if path != GLOBAL_LEAF)
+        self.critic_leaves = tuple(range(len(paths))) if critic_input == "global" else self.actor_leaves
+        self.critic = mlp(self._width(self.critic_leaves), hidden, 1, activation, 1.0)
+        self.actor = mlp(self._width(self.actor_leaves), hidden, self.action_dim, activation, 0.01)
+
+    def _width(self, leaves: tuple[int, ...]) -> int:
+        return sum(self.encoders.widths[self.encoders.paths[i]] for i in leaves)
+
+    def _inputs(self, parts: list[torch.Tensor], leaves: tuple[int, ...]) -> torch.Tensor:
+        return torch.cat([parts[i] for i in leaves], -1)  # [B, width of the leaves]
 
     def features(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        encoded = self.encoders(obs)  # [B, width]
-        return self.actor(encoded), self.critic(encoded).squeeze(-1)
+        parts = self.encoders.features(obs)
+        actor_in = self._inputs(parts, self.actor_leaves)
+        critic_in = actor_in if self.critic_leaves == self.actor_leaves else self._inputs(parts, self.critic_leaves)
+        return self.actor(actor_in), self.critic(critic_in).squeeze(-1)
 
     def value_after(self, obs: dict[str, torch.Tensor], state: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.encoders(obs)).squeeze(-1)  # the actor's half of the pass is not needed
+        # the actor's half of the pass is not needed
+        return self.critic(self._inputs(self.encoders.features(obs), self.critic_leaves)).squeeze(-1)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args) -> None:
         # torch calls this hook wherever the policy sits, so every load (a resume, eval, audit) passes here

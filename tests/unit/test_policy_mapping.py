@@ -106,3 +106,19 @@ def test_one_policys_part_of_a_batch_is_its_columns_with_its_observations_action
     scouts.put_actions(merged, scouts.columns(6), np.array([2, 1, 0, 2]))
     assert merged[[0, 1, 3, 4], 1].tolist() == [2, 1, 0, 2]  # the scouts' entries of their own slots only
     assert not merged[:, 0].any() and not merged[[2, 5]].any()
+
+
+def test_an_actor_started_by_hand_lays_out_its_slots_by_the_policies_it_is_given():
+    from lockstep import cli
+
+    def actor(*argv: str):
+        return cli.actor_options(cli.build_parser().parse_args(["actor", "--learner", "127.0.0.1:1", *argv]))
+
+    options = actor("--env", KINDS, "--policies", "{scouts: [scout_*], pilots: [pilot_*]}")
+    assert options.env_kwargs[POLICIES_KWARG] == PATTERNS
+    vec = make_vector_env(options.env, 1, options.env_kwargs)  # the layout the learner of such a run expects
+    spec = env_spec(KINDS, kwargs={POLICIES_KWARG: PATTERNS})
+    assert to_records(vec.reset(seed=0)[0], spec.observation).dtype == spec.observation.array_dtype
+    assert POLICIES_KWARG not in actor("--env", KINDS).env_kwargs
+    with pytest.raises(config_lib.ConfigError, match="--policies maps policy names"):
+        actor("--env", KINDS, "--policies", "[scout_*]")

@@ -48,7 +48,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "classic": ("cartpole-cleanrl", "acrobot", "cartpole-masked-lstm", "cartpole-masked-mlp"),
     "minatar": ("minatar-breakout",),
     "minigrid": ("minigrid-doorkey",),
-    "multiagent": ("mpe-spread",),
+    "multiagent": ("mpe-spread", "mpe-spread-mappo"),  # the critic of the agent's own observation, and MAPPO's
     "selfplay": ("connect-four",),
     "mujoco": ("halfcheetah", "hopper", "walker2d", "ant"),
     "atari": ("pong", "breakout"),
@@ -145,6 +145,7 @@ BOUNDS: dict[str, Bounds] = {
         "solved: beating random moves in 90% of 200 games, the bar the self-play issue set (no published PPO "
         "figure for this game and opponent)"),
 }
+BOUNDS["mpe-spread-mappo"] = BOUNDS["mpe-spread"]  # the same env, with MAPPO's centralized critic
 
 RUN_KEYS = ["seed", "run_dir", "final_return", "win_rate_random", "first_reached", "episodes", "env_steps", "wall_s",
             "sps", "process_s", "loadavg_start", "loadavg_end", "command", "error"]

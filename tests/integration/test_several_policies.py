@@ -120,3 +120,23 @@ def test_a_frozen_policy_acts_with_the_parameters_it_was_loaded_with_and_never_c
     assert evaluation["finished"] >= 1 and evaluation["last"]["policies"]["pilots"] > 6.0, evaluation
     best = checkpoint.load(second / "checkpoints" / "best.pt")["trainer"]["policies"]
     assert all(torch.equal(best["pilots"]["model"][key], value) for key, value in loaded["model"].items())
+
+
+def test_one_policy_for_every_agent_trains_bit_for_bit_as_the_shared_policy(tmp_path):
+    # The team's path (slots' observations under the policy's name, the batch split by columns, a trainer per
+    # policy) with one policy is the shared policy's path: the same samples, updates and parameters.
+    departures = "pettingzoo:lockstep.envs.departures"  # agents that leave early: inactive steps in every batch
+    overrides = {"env.id": departures, "actors.count": 1, "ppo.total_steps": 4 * 2 * 2 * 3 * 20,
+                 "ppo.steps_per_env": 20, "env.normalize_obs": True, "env.normalize_reward": True, "run.audit": False}
+    shared = train(_config("inprocess", {}, **overrides), tmp_path / "shared")
+    team = train(_config("inprocess", {"all": {"agents": ["*"]}}, **overrides), tmp_path / "team")
+    assert team["env_steps"] == shared["env_steps"] and team["policies"]["all"]["version"] == shared["iterations"] == 8
+    assert team["episode_return_mean"] == shared["episode_return_mean"]
+    one = checkpoint.load(tmp_path / "shared" / "checkpoints" / "final.pt")["trainer"]
+    all_ = checkpoint.load(tmp_path / "team" / "checkpoints" / "final.pt")["trainer"]["policies"]["all"]
+    assert one["model"].keys() == all_["model"].keys()
+    for key, value in one["model"].items():
+        assert torch.equal(all_["model"][key], value), key
+    for shared_row, team_row in zip(RunDir(tmp_path / "shared").metrics(), RunDir(tmp_path / "team").metrics()):
+        for column in ("policy_loss", "value_loss", "entropy", "approx_kl"):
+            assert shared_row[column] == team_row[column], column

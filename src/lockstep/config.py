@@ -425,6 +425,11 @@ class Config:
              "model.critic_input global reads the global state in the feedforward network's critic MLP; with "
              "model.lstm_size > 0 the actor and critic share the torso under the LSTM, which would let the actor "
              "read it: set model.lstm_size to 0 or model.critic_input to own"),
+            # the global state reaches every slot, so a recurrent policy of another's would read it in its torso
+            (not self._global_critic() or not any(self.model_of(name).lstm_size for name in self.policies),
+             "a policy's model.critic_input global puts the env's global state in every slot's observation, and a "
+             "policy with model.lstm_size > 0 reads all of it under its LSTM, its actor too: make every policy "
+             "feedforward, or every critic_input own"),
         ]
         for ok, message in rules:
             if not ok:

@@ -40,6 +40,8 @@ def test_the_policies_section_loads_and_validates():
     ({"scouts": {"agents": ["scout_*"], "model": {"activation": "gelu"}}}, KINDS, "model.activation must be"),
     ({"scouts": {"agents": ["*"], "train": False}}, KINDS, "nothing would train"),
     ({"bad name": {"agents": ["*"]}}, KINDS, "not a valid policy name"),
+    ({"scouts": {"agents": ["scout_*"], "model": {"critic_input": "global"}},
+      "pilots": {"agents": ["pilot_*"], "model": {"lstm_size": 8}}}, KINDS, "reads all of it under its LSTM"),
 ])
 def test_a_policies_section_that_cannot_work_is_refused_by_name(policies, env, message):
     with pytest.raises(config_lib.ConfigError, match=message):

@@ -5,11 +5,13 @@ frozen policy that acts and never changes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 
 import numpy as np
 import pytest
 import torch
-from conftest import learner_config
+from conftest import learner_config, lockstep_cmd
 
 from lockstep import cli
 from lockstep import config as config_lib
@@ -140,3 +142,27 @@ def test_one_policy_for_every_agent_trains_bit_for_bit_as_the_shared_policy(tmp_
     for shared_row, team_row in zip(RunDir(tmp_path / "shared").metrics(), RunDir(tmp_path / "team").metrics()):
         for column in ("policy_loss", "value_loss", "entropy", "approx_kl"):
             assert shared_row[column] == team_row[column], column
+
+
+def test_an_actor_started_by_hand_needs_the_learners_policies_and_is_told_so(running_learner):
+    departures = "pettingzoo:lockstep.envs.departures"  # one space for every agent: a shared layout is possible
+    learner = running_learner(config=_config("grpc", {"first": {"agents": ["a0"]}, "rest": {"agents": ["*"]}},
+                                             **{"env.id": departures, "actors.count": 1, "run.audit": False}))
+    base = [*lockstep_cmd(), "actor", "--learner", learner.address, "--env", departures, "--retry-for", "0"]
+    refused = subprocess.run(base, capture_output=True, text=True, timeout=120)  # the shared layout: refused
+    assert refused.returncode != 0 and "start actors by hand with the same" in refused.stderr, refused.stderr[-3000:]
+    assert "--policies" in refused.stderr
+    accepted = subprocess.Popen([*base, "--policies", "{first: [a0], rest: ['*']}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not learner.run.metrics() and time.monotonic() < deadline and accepted.poll() is None:
+            time.sleep(0.1)
+        assert learner.run.metrics(), "the actor with the learner's policies never completed a phase"
+    finally:
+        accepted.kill()
+        accepted.wait()
+    # an env whose agents differ cannot even be laid out as one policy's slots: the actor says so itself
+    alone = subprocess.run([*base[:-4], "--env", KINDS, "--retry-for", "0"], capture_output=True, text=True,
+                           timeout=120)
+    assert alone.returncode != 0 and "lockstep actor --policies" in alone.stderr, alone.stderr[-2000:]

@@ -72,8 +72,8 @@ def _same_spaces(env: Any, agents: list[str], policy: str = "") -> tuple[gym.Spa
             share = (f"the agents of policy {policy!r} share it, so they need the same spaces: map them to "
                      "policies of their own in policies" if policy else
                      "the agents share one policy, so lockstep needs the same spaces for all of them: map the "
-                     "agents of each kind to a policy of their own (the policies section), or pad them in a "
-                     "wrapper of the env")
+                     "agents of each kind to a policy of their own (the policies section; lockstep actor "
+                     "--policies for an actor started by hand), or pad them in a wrapper of the env")
             raise ValueError(
                 f"agents {first!r} and {agent!r} have different spaces (observation {obs} vs "
                 f"{env.observation_space(agent)}, action {act} vs {env.action_space(agent)}); {share}")

@@ -178,6 +178,9 @@ class Sessions:
             if diff:
                 problems.append(f"{what} {diff} for {self.spec.env_id}")
         if problems:
+            if self.spec.agents > 1:  # a PettingZoo env's slots are laid out by the learner's settings
+                problems.append("its slots follow the learner's env.agent_id, model.critic_input and policies: "
+                                "start actors by hand with the same --agent-id, --critic-input and --policies")
             raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id} ({hello.env_id}): " + "; ".join(problems))
         if hello.num_envs < 1:
             raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id}: num_envs must be >= 1")

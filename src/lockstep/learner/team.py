@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,6 @@ class PolicyView:
         self._paths = [(path, own + path if own + path in spec.observation.paths() else path)
                        for path in self.observation.paths()]
         self._agents = np.array([p == name for p in spec.policy_of])  # [A] its agents among the env's
-        self._slot_action = spec.action
         entries = {path: (first, size) for path, _, first, size in action_entries(spec.action)}
         self._part = entries[name] if self.action is not spec.action else None  # its entries of a slot's action
 
@@ -288,7 +288,7 @@ class TeamBackend:
     batchers (each its own fixed layout, so a slot's numbers never depend on what else shares a pass), and
     the answers come back as the request's [k] rows, each sample stamped with its own policy's version."""
 
-    def __init__(self, team: Team, config: Config, expected, audit: TeamAudit | None) -> None:
+    def __init__(self, team: Team, config: Config, expected: Callable[[], int], audit: TeamAudit | None) -> None:
         self.team = team
         writers = {} if audit is None else audit.writers
         self.backends = {name: SnapshotBackend(trainer, config, expected, writers.get(name))

@@ -110,8 +110,6 @@ class PolicyView:
             initial_state=batch.initial_state[columns][:, :min(state_size, self.state_size)],
         )
 
-    state_size = 0  # the policy's recurrent state per slot; set by the team once its trainer exists
-
 
 def _seed(seed: int, index: int) -> int:
     """Policy ``index``'s seed (its initial parameters and minibatch order): the run's for the first policy."""
@@ -143,11 +141,23 @@ class Team:
                 self._load(name)
         self.version = 0  # the phase clock: the version of every policy that trains
         self.iteration = 0
-        self.env_steps = 0  # agent steps trained on or acted by a frozen policy: every valid sample of a phase
-        self.samples_trained = 0
         self.samples: dict[str, int] = {}  # each policy's samples, trained on or (frozen) checked
-        self.lag_sum = 0
-        self.lag_max = 0
+
+    @property
+    def env_steps(self) -> int:
+        """Agent steps trained on or acted by a frozen policy: every valid sample of every phase."""
+        return sum(self.samples.values())
+
+    samples_trained = env_steps  # one learner: its samples are the run's
+
+    @property
+    def lag_sum(self) -> int:
+        """Over every sample: (the version that trained it) - (the one that produced it); a frozen one's is 0."""
+        return sum(self.trainers[name].lag_sum for name in self.training)
+
+    @property
+    def lag_max(self) -> int:
+        return max(self.trainers[name].lag_max for name in self.training)
 
     @property
     def state_size(self) -> int:
@@ -223,10 +233,6 @@ class Team:
         trained_version = self.version
         self.version += 1
         self.iteration += 1
-        self.env_steps += samples
-        self.samples_trained += samples
-        self.lag_sum += round(sum(s.policy_lag_mean * s.samples for s in lags))
-        self.lag_max = max(self.lag_max, *(s.policy_lag_max for s in lags))
         trained = [stats[name] for name in self.training]
         weights = np.array([max(s.samples, 1) for s in trained], np.float64)
         update = ppo.UpdateStats(**{
@@ -235,7 +241,7 @@ class Team:
             for f in dataclasses.fields(ppo.UpdateStats)})
         return TrainStats(
             version=trained_version, samples=samples, off_policy_samples=sum(s.off_policy_samples for s in lags),
-            policy_lag_mean=(sum(s.policy_lag_mean * s.samples for s in lags) / samples) if samples else 0.0,
+            policy_lag_mean=sum(s.policy_lag_mean * s.samples for s in lags) / samples if samples else 0.0,
             policy_lag_max=max(s.policy_lag_max for s in lags), train_s=time.perf_counter() - start,
             lr=trained[0].lr, update=update,
             entropy_by_entry={f"{name}/{entry}": value for name in self.training
@@ -267,10 +273,9 @@ class Team:
     # -- checkpoints ------------------------------------------------------------------
 
     def state_dict(self) -> dict:
+        # the step counts and lags derive from each policy's samples and its trainer's own state
         return {"policies": {name: trainer.state_dict() for name, trainer in self.trainers.items()},
-                "version": self.version, "iteration": self.iteration, "env_steps": self.env_steps,
-                "samples_trained": self.samples_trained, "samples": dict(self.samples), "lag_sum": self.lag_sum,
-                "lag_max": self.lag_max}
+                "version": self.version, "iteration": self.iteration, "samples": dict(self.samples)}
 
     def load_state_dict(self, state: dict) -> None:
         if "policies" not in state or set(state["policies"]) != set(self.trainers):
@@ -278,9 +283,7 @@ class Team:
                               f"the run's config {sorted(self.trainers)}")
         for name, trainer in self.trainers.items():
             trainer.load_state_dict(state["policies"][name])
-        self.version, self.iteration, self.env_steps = state["version"], state["iteration"], state["env_steps"]
-        self.samples_trained, self.lag_sum, self.lag_max = state["samples_trained"], state["lag_sum"], state["lag_max"]
-        self.samples = dict(state["samples"])
+        self.version, self.iteration, self.samples = state["version"], state["iteration"], dict(state["samples"])
 
 
 class TeamBackend:

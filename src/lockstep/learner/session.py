@@ -329,11 +329,9 @@ class Session:
         self.state = np.zeros((self.num_envs, sessions.backend.state_size), np.float32)
         # per-env returns of a multi-agent env; an actor's first connection starts at its envs' reset
         agents = sessions.spec.agents
-        policies = sessions.spec.policies
-        groups = tuple(policies.index(p) for p in sessions.spec.policy_of)
+        groups = tuple(sessions.spec.policies.index(p) for p in sessions.spec.policy_of)  # each agent's policy
         self.teams = (TeamReturns(agents, self.num_envs, from_reset=self.counter == 0, groups=groups)
                       if sessions.teams is not None and self.num_envs % agents == 0 else None)
-        self._per_agent = np.bincount(groups, minlength=len(policies)) if groups else None  # [G] agents each
         self.replaced_by: str | None = None  # the connection that replaced this one: "run ID from PEER"
         spec = sessions.spec
         self._shapes = (spec.observation.shape, spec.observation.array_dtype,
@@ -417,7 +415,7 @@ class Session:
             sessions.teams.add(returns, lengths, sessions.counters.collected_steps, sessions.clock.wall_s,
                                key=(self.counter, self.member))
             for g, tracker in enumerate(sessions.policy_returns.values()):
-                tracker.add(self.teams.last_shares[:, g] / self._per_agent[g], lengths,
+                tracker.add(self.teams.last_per_agent[:, g], lengths,
                             sessions.counters.collected_steps, sessions.clock.wall_s, key=(self.counter, self.member))
 
         self._loop = asyncio.get_running_loop()  # where _release sends the admission

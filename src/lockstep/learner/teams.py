@@ -6,9 +6,8 @@ that left earlier is flagged at every step until then, and the env resets in tha
 return is the sum of all its agents' rewards over the episode, as the actor sent them (before reward
 normalization); its length, the env's steps.
 
-With several policies (``learner.team``) each policy's share of an env's team return is kept as well: the sum of
-its agents' rewards (``groups``: each agent's policy), so that a policy's return per agent is that share over
-its number of agents.
+With several policies (``learner.team``) each policy's return per agent is kept as well: the sum of its
+agents' rewards (``groups``: each agent's policy) over its number of agents.
 
 A connection that starts mid-episode (an actor that reconnected) has not seen its envs' first steps: each
 env is counted from its next reset on, so that every team return is of a whole episode.
@@ -30,7 +29,7 @@ class TeamReturns:
         # [agents, G] one-hot of each agent's group (one group of every agent without ``groups``)
         self.groups = np.eye(max(groups, default=0) + 1)[list(groups)] if groups else np.ones((agents, 1))
         self.shares = np.zeros((envs, self.groups.shape[1]), np.float64)  # [envs, G] each group's sum so far
-        self.last_shares = np.zeros((0, self.groups.shape[1]), np.float64)  # [e, G] of the envs that just ended
+        self.last_per_agent = np.zeros((0, self.groups.shape[1]), np.float64)  # [e, G] of the envs that just ended
         self.returns = np.zeros(envs, np.float64)  # [envs] the episode so far
         self.lengths = np.zeros(envs, np.int64)  # [envs]
         self.whole = np.full(envs, from_reset)  # [envs] the episode so far was seen from its first step
@@ -46,7 +45,7 @@ class TeamReturns:
         ended = (np.asarray(terminated) | np.asarray(truncated)).reshape(shape).all(axis=1)  # [envs]
         counted = ended & self.whole
         finished = self.returns[counted].copy(), self.lengths[counted].copy()
-        self.last_shares = self.shares[counted].copy()
+        self.last_per_agent = self.shares[counted] / self.groups.sum(axis=0)  # [e, G] a group's sum / its agents
         self.returns[ended], self.lengths[ended], self.whole[ended] = 0.0, 0, True
         self.shares[ended] = 0.0
         return finished

@@ -254,6 +254,13 @@ def _numpy(model) -> dict[str, Any]:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
+def _tensors(parameters: dict[str, Any]) -> dict[str, Any]:
+    """``_numpy``'s arrays as tensors again: a state dict, in the evaluation process."""
+    import torch
+
+    return {k: torch.from_numpy(v) for k, v in parameters.items()}
+
+
 def _stored_best(run_dir: Path) -> dict[str, Any] | None:
     """The figures of a resumed run's ``best.pt`` (``EvalResult.figures``; None without one): what a new best
     must beat, and the run's best until one does."""
@@ -385,8 +392,8 @@ class _Evaluation:
             self.agents, self.policy_of = tuple(slots.agents), policy_of_agents(slots)
             specs = slot_specs(slots, env)
             if request.get("policies") is not None:  # several policies (``learner.team``): each for its own agents
-                stored = {name: {"model": {k: torch.from_numpy(v) for k, v in policy["parameters"].items()},
-                                 "obs_rms": policy["obs_rms"]} for name, policy in request["policies"].items()}
+                stored = {name: {"model": _tensors(policy["parameters"]), "obs_rms": policy["obs_rms"]}
+                          for name, policy in request["policies"].items()}
                 act = team_act(slots, self.config, stored, self.deterministic, self.seed, torch.device("cpu"),
                                f"version {request['version']}")
                 return play_parallel(slots, act, specs[0], self.episodes, self.seed, video)
@@ -403,22 +410,18 @@ class _Evaluation:
 
         from lockstep.models.load import load_policy
 
-        return load_policy(self.config, *specs, {k: torch.from_numpy(v) for k, v in parameters.items()}, mean, var,
-                           torch.device("cpu"), name)
+        return load_policy(self.config, *specs, _tensors(parameters), mean, var, torch.device("cpu"), name)
 
     def _save_best(self, request: dict[str, Any], result: EvalResult) -> None:
-        import torch
 
         from lockstep.learner import checkpoint
 
         trainer = {"iteration": result.iteration, "version": result.version, "env_steps": result.env_steps}
         if request.get("policies") is not None:  # as a checkpoint of several policies holds them
-            trainer["policies"] = {name: {"model": {k: torch.from_numpy(v) for k, v in p["parameters"].items()},
-                                          "obs_rms": p["obs_rms"], "version": p["version"]}
-                                   for name, p in request["policies"].items()}
+            trainer["policies"] = {name: {"model": _tensors(p["parameters"]), "obs_rms": p["obs_rms"],
+                                          "version": p["version"]} for name, p in request["policies"].items()}
         else:
-            trainer |= {"model": {k: torch.from_numpy(v) for k, v in request["parameters"].items()},
-                        "obs_rms": request["obs_rms"]}
+            trainer |= {"model": _tensors(request["parameters"]), "obs_rms": request["obs_rms"]}
         figures = {**result.figures(), "deterministic": self.deterministic, "seed": self.seed}
         checkpoint.save({"trainer": trainer, "eval": figures, "config": dataclasses.asdict(self.config)},
                         self.run_dir / "checkpoints" / checkpoint.BEST_FILE)

@@ -413,7 +413,6 @@ class _Evaluation:
         return load_policy(self.config, *specs, _tensors(parameters), mean, var, torch.device("cpu"), name)
 
     def _save_best(self, request: dict[str, Any], result: EvalResult) -> None:
-
         from lockstep.learner import checkpoint
 
         trainer = {"iteration": result.iteration, "version": result.version, "env_steps": result.env_steps}

@@ -196,12 +196,10 @@ class Report:
         """Several policies: each one's columns (``POLICY_COLUMNS``) under ``policy/NAME/``."""
         columns = {}
         for name, tracker in self.policy_returns.items():
-            own, episodes = stats.policies[name], tracker.stats()
-            values = {"version": own.version, "samples": own.samples, "episode_return_mean": episodes[
-                "episode_return_mean"], "policy_loss": own.update.policy_loss, "value_loss": own.update.value_loss,
-                      "entropy": own.update.entropy, "approx_kl": own.update.approx_kl,
-                      "clip_fraction": own.update.clip_fraction}
-            columns.update({f"{POLICY_PREFIX}{name}/{key}": values[key] for key in POLICY_COLUMNS})
+            own = stats.policies[name]
+            values = (own.version, own.samples, tracker.stats()["episode_return_mean"], own.update.policy_loss,
+                      own.update.value_loss, own.update.entropy, own.update.approx_kl, own.update.clip_fraction)
+            columns |= {f"{POLICY_PREFIX}{name}/{key}": v for key, v in zip(POLICY_COLUMNS, values, strict=True)}
         return columns
 
     def _evaluate(self) -> EvalResult | None:

@@ -3,7 +3,6 @@ env with the policy acting for every agent, and report each agent's, each policy
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import threading
@@ -30,6 +29,7 @@ from lockstep.learner.episodes import (
     slots_act,
 )
 from lockstep.learner.wiring import Learner
+from lockstep.observe.run_dir import RunDir
 from lockstep.tools import eval as evaluation
 
 DEPARTURES = "pettingzoo:lockstep.envs.departures"  # a0 leaves after 3 steps, a1 after 6, a2 after 10 (episode)
@@ -191,7 +191,7 @@ def test_evaluation_while_training_a_parallel_env_writes_per_agent_and_team_retu
         learner.stop()
         serving.join(timeout=60)
     assert not serving.is_alive() and "summary" in result
-    rows = [row for row in _rows(run_dir) if row["eval_return_mean"]]
+    rows = [row for row in RunDir(run_dir).metrics() if row["eval_return_mean"] is not None]
     assert rows, "no evaluation reached metrics.csv within the run"
     for row in rows:  # every agent is in every episode: the team's mean is 3 agents' mean
         team, per_agent = float(row["eval_team_return_mean"]), float(row["eval_return_mean"])
@@ -202,13 +202,5 @@ def test_evaluation_while_training_a_parallel_env_writes_per_agent_and_team_retu
     assert "no video (cannot record pettingzoo:lockstep.envs.departures" in caplog.text  # and it went on without
 
 
-def _rows(run_dir) -> list[dict[str, str]]:
-    path = run_dir / "metrics.csv"
-    if not path.exists():
-        return []
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def _evaluated(run_dir) -> bool:
-    return any(row["eval_return_mean"] for row in _rows(run_dir))
+    return any(row["eval_return_mean"] is not None for row in RunDir(run_dir).metrics())

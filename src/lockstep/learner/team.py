@@ -142,6 +142,7 @@ class Team:
         self.version = 0  # the phase clock: the version of every policy that trains
         self.iteration = 0
         self.samples: dict[str, int] = {}  # each policy's samples, trained on or (frozen) checked
+        self._split: tuple[Batch, dict[str, Batch]] | None = None  # the last batch split, and its parts (``split``)
 
     @property
     def env_steps(self) -> int:
@@ -211,9 +212,12 @@ class Team:
         return found
 
     def split(self, batch: Batch) -> dict[str, Batch]:
-        """Each policy's part of ``batch``."""
-        return {name: self.views[name].batch(batch, columns, per_member)
-                for name, (columns, per_member) in self.columns(batch).items()}
+        """Each policy's part of ``batch``; the last batch's parts are kept, since the audit trail writes the
+        parts of the batch just trained on."""
+        if self._split is None or self._split[0] is not batch:
+            self._split = batch, {name: self.views[name].batch(batch, columns, per_member)
+                                  for name, (columns, per_member) in self.columns(batch).items()}
+        return self._split[1]
 
     def train(self, batch: Batch) -> TrainStats:
         """One PPO update of every policy that trains, each on its part of ``batch``; a frozen policy's part is

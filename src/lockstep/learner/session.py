@@ -84,6 +84,15 @@ log = logging.getLogger(__name__)
 GAP_DECAY = 0.99  # per step: a slow step's weight in an actor's "slowest recent gap" halves in ~70 steps
 
 
+WATCH_TICK_MIN_S = 0.05  # the watchdog's shortest sleep: settings of milliseconds must not make it spin
+
+
+def watch_tick(config: SyncConfig) -> float:
+    """How long the watchdog sleeps between looks: half the stall time and a quarter of the least step deadline,
+    so that it overshoots neither by much; at most 1 s (invariant 2 below), at least ``WATCH_TICK_MIN_S``."""
+    return max(WATCH_TICK_MIN_S, min(1.0, config.stall_s / 2, StepDeadline.of(config).least_s / 4))
+
+
 @dataclass(frozen=True)
 class StepDeadline:
     """The step deadline rule (the module's docstring): how long the oldest open phase waits for an actor's
@@ -246,7 +255,7 @@ class Sessions:
         stall_s, rule = config.stall_s, StepDeadline.of(config)
         warned_phase = -1
         while True:
-            await asyncio.sleep(min(1.0, stall_s / 2, rule.least_s / 4))
+            await asyncio.sleep(watch_tick(config))
             self.evict_late(rule)
             phase = self.gate.oldest_open
             if self.clock.started and self.phases.collecting_s() > stall_s and warned_phase != phase:

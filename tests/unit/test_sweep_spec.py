@@ -114,11 +114,61 @@ def test_list_choices_travel_through_optuna_as_yaml_text():
     ({"pruner/kind": "percentile"}, "pruner.kind: must be one of median, hyperband, none"),
     ({"pruner/warmup": 1.0}, "pruner.warmup: a fraction of the budget"),
     ({"budget/total_steps": 0}, "budget.total_steps: must be at least 1"),
+    ({"seeds": [3, -1]}, "seeds: run.seed must be >= 0"),  # every run of every trial would be refused
+    ({"objective/metric": "policy/predator/episode_return_mean"},
+     "objective.metric: 'policy/predator/episode_return_mean' is a column of a run of several policies"),
 ])
 def test_a_bad_spec_is_refused_naming_the_field(changes, field):
     with pytest.raises(SpecError) as err:
         spec_lib.from_dict(_spec(**changes))
     assert str(err.value).startswith(field), str(err.value)
+
+
+def test_a_first_parameter_set_whose_combination_no_run_accepts_is_refused_before_any_trial(tmp_path):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({"run": {"eval_every": 5}}))
+    data = _spec(base="base.yaml", space={"run.eval_every": [0, 5], "run.eval_video_every": [0, 2]},
+                 first=[{"run.eval_every": 0, "run.eval_video_every": 2}])  # each alone is a valid trial
+    with pytest.raises(SpecError, match=r"^first\[0\]: run[.]eval_video_every records evaluations while training"):
+        spec_lib.from_dict(data, tmp_path / "spec.yaml")
+
+
+KINDS_BASE = {"env": {"id": "pettingzoo:lockstep.envs.kinds"},
+              "policies": {"scouts": {"agents": ["scout_*"]}, "pilots": {"agents": ["pilot_*"]}}}
+
+
+@pytest.mark.parametrize("metric, refused", [
+    ("policy/scouts/episode_return_mean", None),
+    ("policy/pilots/approx_kl", None),
+    ("policy/scout/episode_return_mean", "names the policy 'scout', which is not one of the base's policies "
+                                         "(scouts, pilots)"),
+    ("policy/scouts/return", "'return' is not a column metrics.csv writes for each policy; policy/scouts/ has "
+                             "version, samples, episode_return_mean"),
+    ("policy/scouts", "'' is not a column metrics.csv writes for each policy"),
+])
+def test_an_objective_may_be_one_policys_column_of_the_bases_policies_and_other_names_are_refused(
+        tmp_path, metric, refused):
+    (tmp_path / "kinds.yaml").write_text(yaml.safe_dump(KINDS_BASE, sort_keys=False))
+    data = _spec(base="kinds.yaml", objective={"metric": metric, "value": "mean_last", "last": 2})
+    if refused is None:
+        assert spec_lib.from_dict(data, tmp_path / "spec.yaml").objective.metric == metric
+        return
+    with pytest.raises(SpecError) as err:
+        spec_lib.from_dict(data, tmp_path / "spec.yaml")
+    assert str(err.value).startswith(f"objective.metric: {metric!r}") and refused in str(err.value), str(err.value)
+
+
+def test_a_policys_column_is_scored_from_the_rows_of_a_runs_metrics_csv(tmp_path):
+    from lockstep.observe.metrics import MetricsWriter
+    from lockstep.observe.run_dir import RunDir
+
+    column = "policy/scouts/episode_return_mean"
+    writer = MetricsWriter(tmp_path, tensorboard=False, extra=[column, "policy/pilots/episode_return_mean"])
+    for i, (scouts, pilots) in enumerate([(2.0, 7.0), (4.0, 7.5), (6.0, 8.0)]):
+        writer.write({"iteration": i + 1, "env_steps": 100 * (i + 1), "wall_s": float(i + 1), column: scouts,
+                      "policy/pilots/episode_return_mean": pilots})
+    writer.close()
+    objective = spec_lib.Objective(metric=column, value="mean_last", last=2)
+    assert objective_lib.score(RunDir(tmp_path).metrics(), objective, BUDGET) == 5.0
 
 
 def test_a_grid_has_a_combination_for_every_trial():
@@ -213,6 +263,27 @@ def test_trials_that_would_not_fit_the_cores_run_their_actors_in_process_and_say
     assert sized.transport == "inprocess" and "in the learner process" in sized.note
     kept = spec_lib.from_dict(_spec(set={"actors.transport": "shm"}))
     assert layout(kept.base_config(), kept, jobs=2, cores=4).transport is None
+
+
+@pytest.mark.parametrize("changes", [{"set": {"actors.vector": "async"}},  # the base's envs in processes
+                                     {"space/actors.vector": ["sync", "async"]}])  # some trials' envs
+def test_crowded_trials_whose_envs_step_in_processes_of_their_own_keep_their_transport_and_say_why(changes):
+    """The in-process transport cannot hold envs that each step in a process of their own: moving such trials
+    there to fit the cores would make every one of them fail; they keep the base's shared memory instead."""
+    pytest.importorskip("optuna")
+    from lockstep.sweep.runner import layout
+
+    spec = spec_lib.from_dict(_spec(**changes))
+    sized = layout(spec.base_config(), spec, jobs=2, cores=4)
+    assert sized.transport is None, sized.note
+    assert "kept, since the runs cannot step their envs in the learner process" in sized.note
+    assert "actors.vector async" in sized.note
+    for vector in ("sync", "async"):  # what each trial trains is a config lockstep train accepts
+        config = spec.trial_config({"actors.vector": vector}, 1, sized.transport)
+        assert config.actors.transport == "shm"
+    with pytest.raises(SpecError, match=r"\(with actors.transport inprocess, which the sweep gives its runs\): "
+                                        r"actors.vector async steps each env in a process of its own"):
+        spec.check_trials("inprocess")
 
 
 def test_trial_n_proposes_the_same_parameters_for_the_same_seed_whichever_process_asks():

@@ -26,7 +26,7 @@ from lockstep.learner.backends import InferenceStats
 from lockstep.learner.evaluation import EvalResult, Evaluator
 from lockstep.learner.trainer import Trainer, TrainStats
 from lockstep.observe.counters import CARRIED, INCREASES, Clock, Counters
-from lockstep.observe.metrics import EpisodeTracker, MetricsWriter, write_summary
+from lockstep.observe.metrics import POLICY_COLUMNS, POLICY_PREFIX, EpisodeTracker, MetricsWriter, write_summary
 from lockstep.observe.progress import Status
 from lockstep.observe.tracking import WandbRun
 
@@ -270,12 +270,6 @@ class Report:
             self.tracker.finish(summary)
             self.tracker = None
         return summary
-
-
-POLICY_PREFIX = "policy/"
-# a run of several policies: these columns of each policy, in metrics.csv and TensorBoard, as policy/NAME/KEY
-POLICY_COLUMNS = ("version", "samples", "episode_return_mean", "policy_loss", "value_loss", "entropy", "approx_kl",
-                  "clip_fraction")
 
 
 def _eval_columns(result: EvalResult | None) -> dict[str, Any]:

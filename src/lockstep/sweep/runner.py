@@ -40,7 +40,7 @@ from lockstep.observe.metrics import write_summary
 from lockstep.observe.run_dir import RunDir
 from lockstep.sweep import objective as objective_lib
 from lockstep.sweep import report
-from lockstep.sweep.spec import Param, Spec, decode, encode
+from lockstep.sweep.spec import Param, Spec, SpecError, decode, encode
 
 log = logging.getLogger("lockstep.sweep")
 
@@ -72,7 +72,9 @@ def layout(base: config_lib.Config, spec: Spec, jobs: int, cores: int) -> Layout
     learner and one per actor; where ``jobs`` such runs would not fit, the runs step their envs in the learner
     process (``actors.transport inprocess``: one process per run, the same envs, ids and seeds, and in strict
     mode the same numbers; docs/architecture.md#reproducible-strict-runs). A transport the spec sets or
-    searches is kept."""
+    searches is kept, and so is one whose trials would be refused in the learner process (``Spec.check_trials``:
+    envs in processes of their own, ``actors.vector async``): every trial's config validates with the layout's
+    transport, as the spec's check found it does with the base's."""
     actors = base.actors
     per_run = 1 if actors.transport == "inprocess" else actors.count + 1
     cores_each = max(1, cores // jobs)
@@ -85,9 +87,14 @@ def layout(base: config_lib.Config, spec: Spec, jobs: int, cores: int) -> Layout
     if jobs * per_run <= cores or fixed:
         extra = "" if jobs * per_run <= cores else f"; more than the {cores} cores, as the spec's transport asks"
         return Layout(None, note + extra)
-    return Layout("inprocess", note + f", more than the {cores_each} core{'s' if cores_each > 1 else ''} each "
-                  "gets: the runs step their envs in the learner process instead (actors.transport inprocess, the "
-                  "same actors and seeds)")
+    crowded = f", more than the {cores_each} core{'s' if cores_each > 1 else ''} each gets"
+    try:
+        spec.check_trials("inprocess")
+    except SpecError as err:
+        return Layout(None, note + f"{crowded}; kept, since the runs cannot step their envs in the learner "
+                                   f"process: {err}")
+    return Layout("inprocess", note + f"{crowded}: the runs step their envs in the learner process instead "
+                                      "(actors.transport inprocess, the same actors and seeds)")
 
 
 def cores() -> int:
@@ -323,19 +330,18 @@ class Sweep:
             self._starting -= 1
         params = {p.key: decode(p, self._suggest(trial, p)) for p in self.params}
         print(f"trial {trial.number} started: " + ", ".join(f"{k}={v}" for k, v in params.items()), flush=True)
-        trial.set_user_attr("config", yaml.safe_dump(config_lib.to_dict(self.config(params, self.seeds[0])),
-                                                     sort_keys=False))
+        try:  # a combination of parameters that the spec's check, which checks each on its own, did not see
+            recorded = self.spec.trial_config(params, self.seeds[0])  # best.yaml's: the base's own transport
+            configs = [self.spec.trial_config(params, seed, self.layout.transport) for seed in self.seeds]
+        except config_lib.ConfigError as err:
+            trial.set_user_attr("error", str(err))
+            raise TrialFailed(str(err)) from None
+        trial.set_user_attr("config", yaml.safe_dump(config_lib.to_dict(recorded), sort_keys=False))
         run_dirs = [self.out / "trials" / self._run_name(trial.number, seed) for seed in self.seeds]
         trial.set_user_attr("run_dirs", [str(d.resolve()) for d in run_dirs])
         scores = []
-        for j, (seed, run_dir) in enumerate(zip(self.seeds, run_dirs)):
-            config = self.config(params, seed, self.layout.transport)
+        for j, (config, run_dir) in enumerate(zip(configs, run_dirs)):
             config.run.name, config.run.run_dir = run_dir.name, str(run_dir)
-            try:
-                config.validate()
-            except config_lib.ConfigError as err:
-                trial.set_user_attr("error", str(err))
-                raise TrialFailed(str(err)) from None
             try:
                 scores.append(self._train(trial, j, config, run_dir))
             except (optuna.TrialPruned, TrialFailed, SweepInterrupted) as err:
@@ -347,19 +353,6 @@ class Sweep:
         for run_dir in run_dirs:
             _annotate(run_dir, trial.number, "complete", objective=value)
         return value
-
-    def config(self, params: dict[str, Any], seed: int, transport: str | None = None) -> config_lib.Config:
-        """A run's whole config: the base (with ``set`` and the budget), ``params``, ``seed``; no run name or
-        directory (``lockstep train`` names a run of best.yaml afresh)."""
-        config = self.spec.base_config()
-        if transport:
-            config.actors.transport = transport
-        for key, value in params.items():
-            config_lib.set_value(config, key, value)
-        config.run.seed = seed
-        config.run.progress = False
-        config.run.name = config.run.run_dir = ""
-        return config
 
     def _run_name(self, number: int, seed: int) -> str:
         return f"trial-{number:04d}" + (f"-s{seed}" if len(self.seeds) > 1 else "")

@@ -3,6 +3,7 @@ run's rows score, how trials are sized to the cores, and docs/sweeps.md's table 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -345,3 +346,43 @@ def test_the_pruners_compare_every_seeds_reports_as_steps_of_one_curve():
     assert isinstance(hyperband, optuna.pruners.HyperbandPruner)
     assert (hyperband._min_resource, hyperband._max_resource) == (2, 20)  # 10 points per seed, 2 seeds
     assert isinstance(pruner(spec_lib.from_dict(_spec(pruner={"kind": "none"}))), optuna.pruners.NopPruner)
+
+
+# A stand-in for `lockstep train --config FILE` that writes its whole run at once and exits before the sweep reads
+# anything: 16 rows of 512 env steps, returns growing with ppo.lr (10x slower at lr 1e-8).
+INSTANT_RUN = """
+import csv, json, sys
+from pathlib import Path
+import yaml
+config = yaml.safe_load(Path(sys.argv[sys.argv.index("--config") + 1]).read_text())
+run_dir = Path(config["run"]["run_dir"])
+pace = 10.0 if config["ppo"]["lr"] > 1e-4 else 1.0
+with (run_dir / "metrics.csv").open("w", newline="") as f:
+    rows = csv.writer(f)
+    rows.writerow(["iteration", "env_steps", "wall_s", "episode_return_mean"])
+    for i in range(1, 17):
+        rows.writerow([i, 512 * i, 0.01 * i, pace * i])
+(run_dir / "summary.json").write_text(json.dumps({"env_steps": 512 * 16}))
+"""
+
+
+def test_a_run_that_finishes_before_the_sweep_reads_it_is_judged_on_every_row_as_one_still_training(tmp_path):
+    """The pruner's verdict depends on the rows alone: each point of the budget is scored on the rows up to the
+    first that reached it and reported before the trial completes, however fast the run was."""
+    optuna = pytest.importorskip("optuna")
+    from lockstep.sweep.runner import Sweep
+
+    script = tmp_path / "instant_run.py"
+    script.write_text(INSTANT_RUN)
+    spec = spec_lib.from_dict(_spec(space={"ppo.lr": [5.0e-3, 1.0e-8]}, first=[{"ppo.lr": 5.0e-3}, {"ppo.lr": 1.0e-8}],
+                                    trials=2, budget={"total_steps": 8192},
+                                    pruner={"kind": "median", "startup_trials": 1, "warmup": 0.25, "reports": 8}))
+    study = Sweep(spec, tmp_path / "out", lockstep=[sys.executable, str(script)]).run()
+    complete, pruned = study.get_trials()
+    assert complete.state == optuna.trial.TrialState.COMPLETE and complete.value == 160.0
+    # every point of its budget, each scored on the rows up to the first that reached it (2 rows a point)
+    assert complete.intermediate_values == {k: 20.0 * k for k in range(1, 9)}
+    assert pruned.state == optuna.trial.TrialState.PRUNED, pruned.intermediate_values
+    assert pruned.intermediate_values == {1: 2.0, 2: 4.0}  # judged at the first point past the warmup, as a slow run is
+    summary = json.loads((tmp_path / "out" / "trials" / "trial-0001" / "summary.json").read_text())
+    assert summary["sweep"]["state"] == "pruned" and summary["sweep"]["pruned_at"]["env_steps"] == 2048

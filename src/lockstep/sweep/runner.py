@@ -4,7 +4,9 @@ A trial takes its parameters from the sampler, writes one config per run seed in
 (``OUT/trials/trial-NNNN``, ``-sSEED`` with several seeds) and trains it with ``lockstep train --config``: an
 ordinary run, which ``lockstep train --config RUN_DIR/config.yaml`` repeats exactly. While a run trains the
 trial reads its metrics.csv rows as they are written, scores them (``objective.score``) at ``pruner.reports``
-evenly spaced points of the budget and reports each to Optuna; a pruned run is stopped with SIGTERM, as
+evenly spaced points of the budget and reports each to Optuna, each point scored on the rows up to the first
+that reached it and every point reported before the trial completes, so that the pruner's verdict depends on
+the rows alone, never on when they were read (``Sweep._report``); a pruned run is stopped with SIGTERM, as
 Ctrl-C stops ``lockstep train``: in order, its summary.json and final checkpoint written. The sweep then adds
 its verdict to every run's summary.json (``sweep``: trial, state, objective, where it was pruned).
 
@@ -49,6 +51,15 @@ STOP_WAIT_S = 120.0  # how long a stopped run may take to write its summary befo
 HEARTBEAT_S = 5  # a running trial's heartbeat; one silent for GRACE_S belongs to a process that died
 GRACE_S = 30
 OPEN_TRIES = 5  # attempts at opening a storage that another process is creating
+
+
+@dataclass
+class Reported:
+    """How far a run's reports to the pruner have got: the ``rows`` of its metrics.csv read, the ``points`` of its
+    budget reported."""
+
+    rows: int = 0
+    points: int = 0
 
 
 class TrialFailed(Exception):
@@ -366,11 +377,11 @@ class Sweep:
 
     def _train(self, trial: optuna.Trial, j: int, config: config_lib.Config, run_dir: Path) -> float:
         """Train one run of ``trial`` (its ``j``-th seed) as a ``lockstep train`` process, report its score at
-        each point of the budget as its rows arrive, and stop it when the pruner says so; its final score."""
+        each point of the budget as its rows arrive (``_report``; a finished run's last rows too, before its trial
+        completes), and stop it when the pruner says so; its final score."""
         run_dir.mkdir(parents=True, exist_ok=True)
         config_lib.save(config, run_dir / "config.yaml")
-        reports, spec, budget = self.spec.pruner.reports, self.spec, self._run_budget(config)
-        reported = 0  # points of the budget reported so far
+        spec, budget, reported = self.spec, self._run_budget(config), Reported()
         with (run_dir / "train.log").open("w") as out:
             # a session of its own: a Ctrl-C at the terminal reaches the sweep, which stops the run once, in order
             proc = subprocess.Popen([*self.lockstep, "train", "--config", str(run_dir / "config.yaml")],
@@ -379,22 +390,14 @@ class Sweep:
             try:
                 while True:
                     code = proc.poll()
-                    rows = RunDir(run_dir).metrics()
-                    if rows and code is None:
-                        point = math.floor(budget.fraction(rows[-1]) * reports)
-                        value = objective_lib.score(rows, spec.objective, budget)
-                        if point > reported and value is not None:
-                            for k in range(reported + 1, point + 1):
-                                trial.report(value, j * reports + k)
-                            reported = point
-                            if point >= spec.pruner.warmup * reports and point < reports and trial.should_prune():
-                                _stop(proc)
-                                _annotate(run_dir, trial.number, "pruned",
-                                          pruned_at={"env_steps": rows[-1]["env_steps"],
-                                                     "wall_s": rows[-1]["wall_s"], "value": value})
-                                print(f"trial {trial.number}: pruned at {rows[-1]['env_steps']:,} env steps "
-                                      f"(its objective so far {_fmt(value)})", flush=True)
-                                raise optuna.TrialPruned()
+                    pruned = (self._report(trial, j, RunDir(run_dir).metrics(), budget, reported)
+                              if code in (None, 0) else None)
+                    if pruned is not None:
+                        _stop(proc)
+                        _annotate(run_dir, trial.number, "pruned", pruned_at=pruned)
+                        print(f"trial {trial.number}: pruned at {pruned['env_steps']:,} env steps "
+                              f"(its objective so far {_fmt(pruned['value'])})", flush=True)
+                        raise optuna.TrialPruned()
                     if self.stop.is_set():
                         _stop(proc)
                         _annotate(run_dir, trial.number, "interrupted")
@@ -422,6 +425,27 @@ class Sweep:
             trial.set_user_attr("error", error)
             raise TrialFailed(error)
         return value
+
+    def _report(self, trial: optuna.Trial, j: int, rows: list[dict[str, Any]], budget: objective_lib.RunBudget,
+                reported: Reported) -> dict[str, Any] | None:
+        """Report each point of the budget that ``rows`` reached since the last call, each scored on the rows up to
+        the first one that reached it, and ask the pruner after each; where it stops the trial: that row's
+        ``env_steps``, ``wall_s`` and ``value``, else None. What the pruner sees depends on the run's rows alone,
+        never on when the sweep read them: a run that finished between two reads is judged on every row, as one
+        still training is."""
+        reports, spec = self.spec.pruner.reports, self.spec
+        for i in range(reported.rows, len(rows)):
+            reported.rows = i + 1
+            point = math.floor(budget.fraction(rows[i]) * reports)
+            value = objective_lib.score(rows[:i + 1], spec.objective, budget) if point > reported.points else None
+            if value is None:  # no new point, or no row with the metric yet: the points wait for one
+                continue
+            for k in range(reported.points + 1, point + 1):
+                trial.report(value, j * reports + k)
+            reported.points = point
+            if spec.pruner.warmup * reports <= point < reports and trial.should_prune():
+                return {"env_steps": rows[i]["env_steps"], "wall_s": rows[i]["wall_s"], "value": value}
+        return None
 
     def _run_budget(self, config: config_lib.Config) -> objective_lib.RunBudget:
         return objective_lib.RunBudget(config.ppo.total_steps, config.run.time_limit_s)

@@ -165,8 +165,9 @@ class ModelConfig:
                                       "[C, H, W] (nature-cnn from 36 pixels up, else small-cnn)")
     hidden: list[int] = setting([64, 64], "the MLP's hidden layer sizes", ge=1)
     activation: Activation = setting("tanh", "the MLP's activation")
-    init_log_std: float = setting(0.0, "the Gaussian head's initial log standard deviation (Box actions only; the "
-                                       "standard deviation, its exp, stays finite in float32)", ge=-20, le=20)
+    init_log_std: float = setting(0.0, "the Gaussian head's initial log standard deviation (Box actions only; "
+                                       "bounded so that the standard deviation, its exp, is a normal float32)",
+                                  ge=-20, le=20)
     lstm_size: int = setting(0, "> 0: an LSTM of this size after the torso; the learner keeps each env slot's "
                                 "state", ge=0)
     critic_lstm: bool = setting(False, "with model.lstm_size: the critic gets its own LSTM beside the actor's "

@@ -19,6 +19,7 @@ from lockstep.transport.messages import (
     DEFAULT_BOUNDS,
     DEFAULT_HELLO_LIMITS,
     MAX_LEAVES,
+    StepBounds,
     check_hello,
     space_from_proto,
     space_to_proto,
@@ -161,6 +162,32 @@ def test_a_step_is_checked_leaf_by_leaf_and_a_bad_leaf_is_named():
                         wrong[:0], np.zeros(0), np.zeros(0, np.int64))
     with pytest.raises(CodecError, match=r"step.observation leaf 'clock': 1 non-finite value"):
         step_from_proto(bad, 2, spec)
+
+
+@pytest.mark.parametrize("space, good, bad, shown", [
+    (gym.spaces.Discrete(4), [3, 0], [4, 0], r"Discrete\(4\)"),
+    (gym.spaces.MultiDiscrete([2, 5]), [[1, 4], [0, 0]], [[1, 5], [0, 0]], r"MultiDiscrete\(\[2, 5\]"),
+    (gym.spaces.MultiBinary(3), [[1, 0, 1], [0, 0, 0]], [[1, 0, 2], [0, 0, 0]], r"MultiBinary"),
+])
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_a_flat_discrete_observation_outside_its_space_is_refused_by_name_sanitized_or_not(space, good, bad, shown,
+                                                                                         sanitize):
+    spec = SpaceSpec.from_space(space)
+    bounds = StepBounds(sanitize=sanitize)
+
+    def step(obs, final_obs=None):
+        obs = np.array(obs, spec.array_dtype)
+        truncated = np.array([final_obs is not None, False])
+        final = obs[:0] if final_obs is None else np.array(final_obs, spec.array_dtype)
+        return step_to_proto(obs, np.zeros(2, np.float32), np.zeros(2, bool), truncated,
+                             np.arange(len(final), dtype=np.int64), final, np.zeros(0), np.zeros(0, np.int64))
+
+    data = step_from_proto(step(good, good[:1]), 2, spec, bounds)
+    assert (data.obs == np.array(good)).all() and (data.final_obs == np.array(good[:1])).all()
+    with pytest.raises(CodecError, match=rf"^step.observation: values outside {shown}"):
+        step_from_proto(step(bad), 2, spec, bounds)
+    with pytest.raises(CodecError, match=rf"^step.final_observation: values outside {shown}"):
+        step_from_proto(step(good, bad[:1]), 2, spec, bounds)
 
 
 def test_the_shared_memory_layout_has_a_field_per_leaf_in_its_own_dtype():

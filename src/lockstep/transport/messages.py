@@ -321,7 +321,8 @@ def _check_fields(data: StepData, k: int, obs_shape: tuple, obs_dtype: np.dtype,
 
 def _check_values(data: StepData, bounds: StepBounds, observation: SpaceSpec) -> StepData:
     """Refuse (or with ``bounds.sanitize`` replace) values out of ``bounds``, and episode lengths below 1;
-    a tree observation leaf by leaf, its discrete leaves also against their ranges."""
+    a tree observation leaf by leaf. A discrete observation (a flat one or a tree's leaf) is also checked
+    against its range, after any replacement: ``sanitize`` never clips a discrete value into its space."""
     for name, bound in _BOUNDED:
         value = getattr(data, name)
         if value.dtype.names:  # records: each leaf is bounded as a flat observation is
@@ -333,7 +334,11 @@ def _check_values(data: StepData, bounds: StepBounds, observation: SpaceSpec) ->
                     value[path] = checked
                 _check_range(checked, where, leaf)
         else:
-            setattr(data, name, _bounded(value, f"step.{_FIELD[name]}", bound, bounds))
+            where = f"step.{_FIELD[name]}"
+            checked = _bounded(value, where, bound, bounds)
+            setattr(data, name, checked)
+            if bound == "max_observation":  # obs and final_obs: of the observation space
+                _check_range(checked, where, observation)
     lengths = data.episode_length
     if len(lengths) and lengths.min() < 1:
         raise CodecError(f"step.episode_length: {lengths.tolist()} holds a length below 1; a finished episode "

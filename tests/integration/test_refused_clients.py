@@ -4,6 +4,9 @@ real gRPC and shared memory, while an honest actor trains beside the refused cli
 - An observation outside its discrete space (a flat Discrete one: FrozenLake's cell index) is refused, in
   ``observation`` and in ``final_observation``, with ``learner.sanitize`` or without (sanitizing never clips a
   discrete value into its space); before, it reached the forward pass and ended the run.
+- A hello is accepted whole or refused with no trace: with several policies, a hello whose slots are not whole
+  envs of the env's agents left a session behind that the next hello of its id tripped over (the run ended),
+  and one that reused a live actor's id evicted that actor.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from conftest import learner_config
 
+from lockstep import config as config_lib
 from lockstep import envs as envs_lib
 from lockstep.actor import EnvLoop
 from lockstep.transport import PROTOCOL
@@ -25,6 +30,8 @@ from lockstep.transport.shm.client import LocalConnection
 pytestmark = pytest.mark.slow
 
 T = 8  # steps per env per phase
+KINDS = "pettingzoo:lockstep.envs.kinds"  # scouts: Box(3) -> Discrete(3); the pilot: Box(5) -> Discrete(2)
+POLICIES = {"scouts": {"agents": ["scout_*"]}, "pilots": {"agents": ["pilot_*"]}}
 
 
 class HonestActor:
@@ -126,3 +133,42 @@ def test_a_flat_discrete_observation_out_of_its_range_is_refused_by_name_and_the
     assert actor.steps(2 * T) >= before + 2  # the run trains on, with the honest actor alone
     assert learner.thread.is_alive()
     assert learner.learner.sessions.actor_ids == [0]
+
+
+def _several_policies(policies: dict = POLICIES) -> config_lib.Config:
+    config = learner_config({"env.id": KINDS, "ppo.steps_per_env": T, "model.hidden": [16], "learner.device": "cpu"})
+    config.policies = config_lib.from_dict({"policies": policies}).policies
+    return config
+
+
+def _refusal(connect) -> LearnerRefused:
+    with pytest.raises(LearnerRefused) as refused:
+        connect().close()
+    return refused.value
+
+
+def _transports(learner) -> list:
+    return [(learner.address, Connection.open), (learner.local_address, LocalConnection)]
+
+
+def test_a_refused_hello_changes_nothing_and_a_later_one_of_its_id_is_served(running_learner, honest):
+    config = _several_policies()
+    learner = running_learner(config=config)
+    actor = honest(learner.address, KINDS, 1, actor_id=0, kwargs=config.vector_kwargs())  # one env: 3 slots
+    assert actor.steps(T + 1) == 1
+    for actor_id in (5, 0):  # an id of no one, then the honest actor's own (with a new run id)
+        for address, open_ in _transports(learner) * 2:  # each twice: the second finds what the first left
+            greeting = hello_of(actor.vec, KINDS, actor_id)
+            greeting.num_envs = 2
+            refused = _refusal(lambda open_=open_, address=address, greeting=greeting: open_(address, greeting, 60))
+            assert refused.code == "INVALID_ARGUMENT", refused
+            assert f"actor {actor_id}: 2 slots are not whole envs of 3 agents" in refused.message, refused.message
+            assert learner.learner.sessions.actor_ids == [0]
+    before = actor.version
+    assert actor.steps(2 * T) >= before + 2  # never replaced: it trains on
+    for address, open_ in _transports(learner):  # the refused id is served as if nothing had come before
+        open_(address, hello_of(actor.vec, KINDS, 5), 60).close()
+    before = actor.version
+    assert actor.steps(2 * T) >= before + 2
+    assert learner.thread.is_alive()
+    assert learner.learner.sessions.counters.dropped_transitions == 0  # no session of actor 0 was ever ended

@@ -7,6 +7,9 @@ real gRPC and shared memory, while an honest actor trains beside the refused cli
 - A hello is accepted whole or refused with no trace: with several policies, a hello whose slots are not whole
   envs of the env's agents left a session behind that the next hello of its id tripped over (the run ended),
   and one that reused a live actor's id evicted that actor.
+- A hello's agent -> policy mapping must be the learner's: two policies of the same spaces give the same slot
+  spaces whichever agents they act for, so a swapped mapping was accepted and both policies trained on the
+  other's agents' data.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ def hello_of(vec, env_id: str, actor_id: int, run_id: str = "") -> pb.Hello:
     obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space)
     return pb.Hello(protocol=PROTOCOL, actor_id=actor_id, run_id=run_id or f"run-{actor_id}-{time.monotonic_ns()}",
                     num_envs=vec.num_envs, env_id=env_id, observation_space=space_to_proto(obs_spec),
-                    action_space=space_to_proto(envs_lib.action_spec(vec.single_action_space)))
+                    action_space=space_to_proto(envs_lib.action_spec(vec.single_action_space)),
+                    agent_policies=envs_lib.pettingzoo.agent_policies(vec))
 
 
 @pytest.fixture
@@ -172,3 +176,43 @@ def test_a_refused_hello_changes_nothing_and_a_later_one_of_its_id_is_served(run
     assert actor.steps(2 * T) >= before + 2
     assert learner.thread.is_alive()
     assert learner.learner.sessions.counters.dropped_transitions == 0  # no session of actor 0 was ever ended
+
+
+def test_a_hello_whose_agents_act_for_other_policies_of_the_same_spaces_is_refused_by_name(running_learner, honest):
+    split = {"a": {"agents": ["scout_0"]}, "b": {"agents": ["scout_1"]}, "p": {"agents": ["pilot_*"]}}
+    swapped = {"a": {"agents": ["scout_1"]}, "b": {"agents": ["scout_0"]}, "p": {"agents": ["pilot_*"]}}
+    config = _several_policies(split)
+    learner = running_learner(config=config)
+    actor = honest(learner.address, KINDS, 1, actor_id=0, kwargs=config.vector_kwargs())
+    assert actor.steps(T + 1) == 1
+    wrong = envs_lib.make_vector_env(KINDS, 1, _several_policies(swapped).vector_kwargs())
+    try:
+        greeting = hello_of(wrong, KINDS, 3)
+        assert greeting.observation_space == actor.hello.observation_space  # the spaces cannot tell them apart
+        assert greeting.action_space == actor.hello.action_space
+        silent = hello_of(wrong, KINDS, 4)
+        silent.ClearField("agent_policies")  # an actor of an older version, or of another language
+        for address, open_ in _transports(learner):
+            refused = _refusal(lambda open_=open_, address=address: open_(address, greeting, 60))
+            assert refused.code == "INVALID_ARGUMENT", refused
+            assert ("agent scout_0 acts for policy 'b' here, 'a' on the learner; agent scout_1 acts for policy 'a' "
+                    "here, 'b' on the learner") in refused.message, refused.message
+            assert "lockstep actor --policies '{a: [scout_0], b: [scout_1], p: [pilot_0]}'" in refused.message
+            refused = _refusal(lambda open_=open_, address=address: open_(address, silent, 60))
+            assert refused.code == "INVALID_ARGUMENT", refused
+            assert "maps no agent to a policy" in refused.message and "--policies" in refused.message
+    finally:
+        wrong.close()
+    before = actor.version
+    assert actor.steps(2 * T) >= before + 2  # the actor with the learner's mapping trains on
+    assert learner.learner.sessions.actor_ids == [0]
+
+
+def test_a_mapping_sent_to_a_learner_of_one_policy_is_refused(running_learner, honest):
+    learner = running_learner({"ppo.steps_per_env": T})
+    actor = honest(learner.address, "CartPole-v1", 2)
+    greeting = hello_of(actor.vec, "CartPole-v1", 1)
+    greeting.agent_policies["cart"] = "mine"
+    refused = _refusal(lambda: Connection.open(learner.address, greeting, 60))
+    assert refused.code == "INVALID_ARGUMENT", refused
+    assert "start the actor without --policies" in refused.message, refused.message

@@ -214,6 +214,9 @@ class Sessions:
                 problems.append("its slots follow the learner's env.agent_id, model.critic_input and policies: "
                                 "start actors by hand with the same --agent-id, --critic-input and --policies")
             raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id} ({hello.env_id}): " + "; ".join(problems))
+        mapping = self._mapping_problem(hello.agent_policies)
+        if mapping:
+            raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id} ({hello.env_id}): {mapping}")
         if hello.num_envs < 1:
             raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id}: num_envs must be >= 1")
         if hello.role == OPPONENT:
@@ -232,6 +235,32 @@ class Sessions:
                           f"{hello.run_id}; give each actor a distinct --actor-id")
         if self.finished:
             raise Refused(UNAVAILABLE, "training is over")
+
+    def _mapping_problem(self, theirs: dict[str, str]) -> str | None:
+        """How an actor's agent -> policy mapping (its hello's ``agent_policies``) differs from the learner's, with
+        the flag that fixes it; None if they agree. Two policies of the same spaces give the same slot spaces
+        whichever agents they act for, so only the mapping tells a swapped one apart."""
+        ours = self.spec.agent_policies
+        if theirs == ours:
+            return None
+        if not ours:
+            return (f"its agents are mapped to policies ({_mapping(theirs)}), but the learner runs one policy for "
+                    "every agent: start the actor without --policies")
+        fix = ("start it with lockstep actor --policies '{"
+               + ", ".join(f"{policy}: [{', '.join(a for a, p in ours.items() if p == policy)}]"
+                           for policy in self.spec.policies) + "}' (the learner's policies)")
+        if not theirs:
+            return (f"its hello maps no agent to a policy, but the learner runs several policies ({_mapping(ours)}); "
+                    f"{fix}, of the learner's lockstep version")
+        differ = [agent for agent in ours if theirs.get(agent) != ours[agent]]
+        unknown = [agent for agent in theirs if agent not in ours]
+        parts = [f"agent {agent} acts for policy {theirs[agent]!r} here, {ours[agent]!r} on the learner"
+                 if agent in theirs else f"agent {agent} has no policy here, {ours[agent]!r} on the learner"
+                 for agent in differ[:8]]
+        parts += [f"agent {agent} is no agent of the learner's env" for agent in unknown[:8]]
+        more = len(differ) + len(unknown) - len(parts)
+        return (f"its agents' policies differ from the learner's: {'; '.join(parts)}"
+                + (f" (and {more} more)" if more > 0 else "") + f"; {fix}")
 
     def disconnect(self, session: Session, replaced_by: str | None = None) -> int:
         """End ``session``: leave the gate, drop its unfinished unroll; return the transitions dropped."""
@@ -323,6 +352,12 @@ class Sessions:
             self.opponents.finish()
         for session in self._live.values():
             session.cancel_wait()
+
+
+def _mapping(agent_policies: dict[str, str], shown: int = 8) -> str:
+    """"scout_0 -> a, scout_1 -> b, ..." (the first ``shown`` agents)."""
+    pairs = [f"{agent} -> {policy}" for agent, policy in list(agent_policies.items())[:shown]]
+    return ", ".join(pairs) + (", ..." if len(agent_policies) > shown else "")
 
 
 class Session:

@@ -248,10 +248,10 @@ class Sessions:
                     "every agent: start the actor without --policies")
         fix = ("start it with lockstep actor --policies '{"
                + ", ".join(f"{policy}: [{', '.join(a for a, p in ours.items() if p == policy)}]"
-                           for policy in self.spec.policies) + "}' (the learner's policies)")
+                           for policy in self.spec.policies) + "}', the learner's policies")
         if not theirs:
             return (f"its hello maps no agent to a policy, but the learner runs several policies ({_mapping(ours)}); "
-                    f"{fix}, of the learner's lockstep version")
+                    f"{fix} (an actor of an older lockstep version sends no mapping: run the learner's version)")
         differ = [agent for agent in ours if theirs.get(agent) != ours[agent]]
         unknown = [agent for agent in theirs if agent not in ours]
         parts = [f"agent {agent} acts for policy {theirs[agent]!r} here, {ours[agent]!r} on the learner"

@@ -393,8 +393,11 @@ def _check_range(value: np.ndarray, where: str, leaf: SpaceSpec) -> None:
     if not value.size or leaf.kind not in ("discrete", "multi_discrete", "multi_binary"):
         return
     top = {"discrete": leaf.n, "multi_binary": 2}.get(leaf.kind)
-    high = np.asarray(leaf.nvec).reshape(leaf.shape) if top is None else top
-    if value.min() < 0 or (value >= high).any():
+    if top is None:
+        outside = value.min() < 0 or (value >= np.asarray(leaf.nvec).reshape(leaf.shape)).any()
+    else:  # one bound for every value: two reductions, no temporary array
+        outside = value.min() < 0 or value.max() >= top
+    if outside:
         raise CodecError(f"{where}: values outside {leaf.describe()} (each must lie in [0, n)); fix the environment "
                          "or its observation space")
 

@@ -195,8 +195,8 @@ def test_a_hello_whose_agents_act_for_other_policies_of_the_same_spaces_is_refus
         for address, open_ in _transports(learner):
             refused = _refusal(lambda open_=open_, address=address: open_(address, greeting, 60))
             assert refused.code == "INVALID_ARGUMENT", refused
-            assert ("agent scout_0 acts for policy 'b' here, 'a' on the learner; agent scout_1 acts for policy 'a' "
-                    "here, 'b' on the learner") in refused.message, refused.message
+            assert ("agent scout_0 acts for policy 'b' in this actor, for 'a' on the learner; agent scout_1 acts for "
+                    "policy 'a' in this actor, for 'b' on the learner") in refused.message, refused.message
             assert "lockstep actor --policies '{a: [scout_0], b: [scout_1], p: [pilot_0]}'" in refused.message
             refused = _refusal(lambda open_=open_, address=address: open_(address, silent, 60))
             assert refused.code == "INVALID_ARGUMENT", refused

@@ -177,8 +177,9 @@ def test_a_hand_started_actor_whose_agents_act_for_other_policies_of_the_same_sp
     swapped = subprocess.run([*base, "--policies", "{a: [scout_1], b: [scout_0], p: ['pilot_*']}"],
                              capture_output=True, text=True, timeout=120)
     assert swapped.returncode == 2, swapped.stderr[-3000:]
-    assert "agent scout_0 acts for policy 'b' here, 'a' on the learner" in swapped.stderr, swapped.stderr[-3000:]
-    assert "agent scout_1 acts for policy 'a' here, 'b' on the learner" in swapped.stderr
+    assert "agent scout_0 acts for policy 'b' in this actor, for 'a' on the learner" in swapped.stderr, (
+        swapped.stderr[-3000:])
+    assert "agent scout_1 acts for policy 'a' in this actor, for 'b' on the learner" in swapped.stderr
     assert "lockstep actor --policies '{a: [scout_0], b: [scout_1], p: [pilot_0]}'" in swapped.stderr
     accepted = subprocess.Popen([*base, "--policies", "{a: [scout_0], b: [scout_1], p: ['pilot_*']}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

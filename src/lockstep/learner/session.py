@@ -254,8 +254,8 @@ class Sessions:
                     f"{fix} (an actor of an older lockstep version sends no mapping: run the learner's version)")
         differ = [agent for agent in ours if theirs.get(agent) != ours[agent]]
         unknown = [agent for agent in theirs if agent not in ours]
-        parts = [f"agent {agent} acts for policy {theirs[agent]!r} here, {ours[agent]!r} on the learner"
-                 if agent in theirs else f"agent {agent} has no policy here, {ours[agent]!r} on the learner"
+        parts = [(f"agent {agent} acts for policy {theirs[agent]!r} in this actor, for {ours[agent]!r} on the learner"
+                  if agent in theirs else f"agent {agent} has no policy in this actor, {ours[agent]!r} on the learner")
                  for agent in differ[:8]]
         parts += [f"agent {agent} is no agent of the learner's env" for agent in unknown[:8]]
         more = len(differ) + len(unknown) - len(parts)

@@ -14,13 +14,15 @@ from lockstep.learner.inference import act
 from lockstep.models import Policy, build_policy
 from lockstep.models.encoders import LeafEncoders, OneHot
 from lockstep.transport import lockstep_pb2 as pb
-from lockstep.transport.codec import CodecError
+from lockstep.transport.codec import CodecError, encode
 from lockstep.transport.messages import (
     DEFAULT_BOUNDS,
     DEFAULT_HELLO_LIMITS,
+    MAX_AGENTS,
     MAX_LEAVES,
     StepBounds,
     check_hello,
+    hello_from_proto,
     space_from_proto,
     space_to_proto,
     step_from_proto,
@@ -104,6 +106,24 @@ def test_a_flat_space_is_one_leaf_and_its_hello_is_as_it_always_was():
 
 def _hello_space(space: pb.Space) -> pb.Hello:
     return pb.Hello(num_envs=1, observation_space=space, action_space=pb.Space(kind=pb.Space.DISCRETE, n=2))
+
+
+def test_a_hellos_agent_policies_are_bounded_and_arrive_as_sent():
+    space = pb.Space(kind=pb.Space.BOX, shape=[2], dtype="float32", low=encode(np.zeros(2, np.float32)),
+                     high=encode(np.ones(2, np.float32)))
+    sent = {"scout_0": "a", "scout_1": "b", "pilot_0": "p"}
+    assert hello_from_proto(pb.Hello(agent_policies=sent, observation_space=space, action_space=pb.Space(
+        kind=pb.Space.DISCRETE, n=2, dtype="int64"))).agent_policies == sent
+    many = _hello_space(pb.Space(kind=pb.Space.DISCRETE, n=2))
+    many.agent_policies.update({f"agent_{i}": "p" for i in range(MAX_AGENTS + 1)})
+    with pytest.raises(CodecError, match=f"hello.agent_policies: {MAX_AGENTS + 1} agents, over the limit of "
+                                         f"{MAX_AGENTS}"):
+        check_hello(many, DEFAULT_HELLO_LIMITS)
+    for agent, policy in (("a" * 257, "p"), ("scout_0", "p" * 257)):
+        long = _hello_space(pb.Space(kind=pb.Space.DISCRETE, n=2))
+        long.agent_policies[agent] = policy
+        with pytest.raises(CodecError, match="hello.agent_policies: an agent or policy name over the limit of 256"):
+            check_hello(long, DEFAULT_HELLO_LIMITS)
 
 
 def test_a_hellos_tree_is_bounded_before_anything_is_sized_from_it():

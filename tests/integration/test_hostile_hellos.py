@@ -20,6 +20,7 @@ from lockstep.config import Config
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.grpc import security
 from lockstep.transport.grpc.client import Connection, LearnerRefused
+from lockstep.transport.messages import MAX_AGENTS
 from lockstep.transport.shm.client import LocalConnection
 
 ITERATIONS = 24  # of 4 envs x 64 steps
@@ -123,6 +124,10 @@ def _absurd_hellos() -> list[tuple[str, str, pb.Hello]]:
     action.action_space.n = 2**62
     cases += [("hello.observation_space", limits.max_space_elements, observation),
               ("hello.action_space", limits.max_space_elements, action)]
+    many, long = hello(actor_id=16), hello(actor_id=17)
+    many.agent_policies.update({f"agent_{i}": "p" for i in range(MAX_AGENTS + 1)})
+    long.agent_policies["a" * 1_000_000] = "p"
+    cases += [("hello.agent_policies", MAX_AGENTS, many), ("hello.agent_policies", limits.max_id_length, long)]
     return [(field, str(limit), message) for field, limit, message in cases]
 
 

@@ -166,3 +166,28 @@ def test_an_actor_started_by_hand_needs_the_learners_policies_and_is_told_so(run
     alone = subprocess.run([*base[:-4], "--env", KINDS, "--retry-for", "0"], capture_output=True, text=True,
                            timeout=120)
     assert alone.returncode != 0 and "lockstep actor --policies" in alone.stderr, alone.stderr[-2000:]
+
+
+def test_a_hand_started_actor_whose_agents_act_for_other_policies_of_the_same_spaces_is_refused_by_name(
+        running_learner):
+    split = {"a": {"agents": ["scout_0"]}, "b": {"agents": ["scout_1"]}, "p": {"agents": ["pilot_*"]}}
+    learner = running_learner(config=_config("grpc", split, **{"actors.count": 1, "run.audit": False}))
+    base = [*lockstep_cmd(), "actor", "--learner", learner.address, "--env", KINDS, "--retry-for", "0"]
+    # a and b act for scouts, whose spaces are the same: only the mapping tells the swap apart
+    swapped = subprocess.run([*base, "--policies", "{a: [scout_1], b: [scout_0], p: ['pilot_*']}"],
+                             capture_output=True, text=True, timeout=120)
+    assert swapped.returncode == 2, swapped.stderr[-3000:]
+    assert "agent scout_0 acts for policy 'b' in this actor, for 'a' on the learner" in swapped.stderr, (
+        swapped.stderr[-3000:])
+    assert "agent scout_1 acts for policy 'a' in this actor, for 'b' on the learner" in swapped.stderr
+    assert "lockstep actor --policies '{a: [scout_0], b: [scout_1], p: [pilot_0]}'" in swapped.stderr
+    accepted = subprocess.Popen([*base, "--policies", "{a: [scout_0], b: [scout_1], p: ['pilot_*']}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not learner.run.metrics() and time.monotonic() < deadline and accepted.poll() is None:
+            time.sleep(0.1)
+        assert learner.run.metrics(), "the actor with the learner's policies never completed a phase"
+    finally:
+        accepted.kill()
+        accepted.wait()

@@ -304,10 +304,12 @@ class TeamBackend:
         self._columns: dict[int, dict[str, np.ndarray]] = {}  # member -> each policy's rows of its requests
         self._slot_action = team.spec.action
 
-    def join(self, member: int, num_envs: int) -> None:
+    def check_join(self, member: int, num_envs: int) -> None:
         agents = self.team.spec.agents
         if num_envs % agents:
             raise Refused(INVALID_ARGUMENT, f"actor {member}: {num_envs} slots are not whole envs of {agents} agents")
+
+    def join(self, member: int, num_envs: int) -> None:
         self._columns[member] = {name: view.columns(num_envs) for name, view in self.team.views.items()}
         for name, backend in self.backends.items():
             backend.join(member, len(self._columns[member][name]))

@@ -214,7 +214,8 @@ class LearnerConfig:
                                       "from an actor; larger ones are refused", gt=0, le=1e38)
     max_envs_per_actor: int = setting(65_536, "the most envs one actor's hello may bring; a larger hello is refused "
                                               "before anything is allocated for it", ge=1)
-    max_id_length: int = setting(256, "the longest run id, env id or dtype name a hello may carry", ge=1)
+    max_id_length: int = setting(256, "the longest run id, env id, dtype name, agent name or policy name a hello "
+                                      "may carry", ge=1)
     max_space_elements: int = setting(1 << 24, "the most elements a hello's observation or action space may have",
                                       ge=1)
     tls_cert: str = setting("", "PEM certificate chain; with learner.tls_key, the learner serves TLS",

@@ -210,3 +210,33 @@ def test_every_policy_anneals_its_learning_rate_over_the_runs_steps(tmp_path):
     for policy in POLICIES:
         assert [float(row[f"policy/{policy}/lr"]) for row in rows] == pytest.approx(expected), policy
     assert float(rows[-1]["policy/pilots/lr"]) == pytest.approx(lr / iterations)  # the last step before 0
+
+
+def test_a_loaded_policy_acts_with_its_sources_observation_statistics_in_a_run_without_normalization(tmp_path):
+    source = tmp_path / "source"
+    train(_config("inprocess", **{"ppo.total_steps": 8 * 2 * 2 * 3 * T, "env.normalize_obs": True,
+                                  "run.audit": False}), source)
+    stored = checkpoint.load(source / "checkpoints" / "final.pt")["trainer"]["policies"]["pilots"]["obs_rms"]
+    assert stored is not None
+
+    frozen = {**POLICIES, "pilots": {"agents": ["pilot_*"], "train": False, "load": str(source)}}
+    run_dir = tmp_path / "frozen"
+    train(_config("inprocess", frozen, **{"ppo.total_steps": 2 * 2 * 2 * 3 * T, "env.normalize_obs": False}), run_dir)
+    final = checkpoint.load(run_dir / "checkpoints" / "final.pt")["trainer"]["policies"]
+    assert final["scouts"]["obs_rms"] is None  # the run's own policy: no statistics, as the run says
+    kept = final["pilots"]["obs_rms"]
+    assert kept is not None and kept["leaves"].keys() == stored["leaves"].keys()
+    for path, moments in stored["leaves"].items():
+        assert np.array_equal(kept["leaves"][path]["mean"], moments["mean"]), path
+        assert np.array_equal(kept["leaves"][path]["var"], moments["var"]), path
+    # it acted with them: the snapshot it served is the source's, and the behaviour log-probs recompute with it
+    served = checkpoint.load(run_dir / "audit" / "policies" / "pilots" / "policy_v000008.pt")
+    for path, moments in stored["leaves"].items():
+        assert np.array_equal(served["obs_mean"][path], moments["mean"]), path
+    assert audit.check(run_dir, policy="pilots").exit_code == 0
+    # and plays as it played in its source run
+    returns = []
+    for run in (source, run_dir):
+        assert cli.main(["eval", str(run), "--episodes", "3", "--deterministic"]) == 0
+        returns.append(json.loads((run / "eval.json").read_text())["policies"]["pilots"]["mean"])
+    assert returns[1] == returns[0]

@@ -12,7 +12,13 @@ that trains has trained on its part of the batch. Each policy has its own versio
 advances with every phase (so its version is the phase), a frozen one (``train: false``) keeps the version it
 was loaded with. Inference stamps every sample with its own policy's version. Strict holds per policy: the batch
 of policy P in phase u holds only samples stamped with P's version at u, and ``Team.train`` refuses any other
-(``OffPolicyError``, as ``Trainer`` does for one policy).
+(``OffPolicyError``, as ``Trainer`` does for one policy). A policy whose part of a phase holds no valid sample
+(every one of its agents gone for the whole phase) skips it: no update, and its version still moves on with the
+clock, so that the next phase's samples are stamped with the phase's version as every other policy's are.
+
+Progress. The run's step count (``env_steps``: every policy's slots' steps, a frozen one's included) is what
+``ppo.total_steps`` and every policy's learning-rate schedule read, so that all reach the schedule's end
+together whatever share of the samples each takes.
 
 The learner sees a ``Team`` where it would see one ``Trainer`` (the phase clock's version, iterations, step
 counts, ``train``, ``skip``, checkpoints) and a ``TeamBackend`` where it would see one ``SnapshotBackend``.

@@ -324,6 +324,10 @@ class RunConfig:
     eval_video_every: int = setting(0, "with run.eval_every: record every M-th evaluation's episodes as "
                                        "RUN_DIR/videos/iter_NNNNNN/episode-NNN.mp4 where the env renders (0: never; "
                                        "pip install -e '.[video]')", ge=0)
+    eval_rank_by: str = setting("trained", "which return of an evaluation while training is its eval_return_mean, "
+                                           "ranking versions for checkpoints/best.pt: trained (the agents' of the "
+                                           "policies that train: every agent's with one policy), team (a PettingZoo "
+                                           "parallel env's episodes' team returns) or a policy's name (its agents')")
     audit: bool = setting(False, "write every training batch and policy version to RUN_DIR/audit/ (see "
                                  "`lockstep audit`)", flag="--audit")
     wandb: bool = setting(False, "also log to Weights & Biases (pip install -e '.[wandb]'; offline into "
@@ -346,6 +350,7 @@ class PolicyConfig:
 
 
 POLICY_KEYS = tuple(f.name for f in dataclasses.fields(PolicyConfig))
+EVAL_RANKINGS = ("trained", "team")  # run.eval_rank_by's values besides a policy's name
 
 
 @dataclass
@@ -443,6 +448,21 @@ class Config:
                 raise ConfigError(message)
         if self.policies:
             self._validate_policies()
+        self._validate_eval_rank_by()
+
+    def _validate_eval_rank_by(self) -> None:
+        """``run.eval_rank_by``: trained, team where there is a team, or one of the run's policies by name."""
+        rank_by = self.run.eval_rank_by
+        if rank_by in EVAL_RANKINGS:
+            if rank_by in self.policies:
+                raise ConfigError(f"run.eval_rank_by {rank_by!r} is both a ranking and the name of a policy; rename "
+                                  f"policies.{rank_by}")
+            if rank_by == "team" and not _parallel_multiagent(self.env.id):
+                raise ConfigError(f"run.eval_rank_by team ranks by a PettingZoo parallel env's team return; "
+                                  f"{self.env.id} is none: use trained")
+        elif rank_by not in self.policies:
+            raise ConfigError(f"run.eval_rank_by must be {', '.join(EVAL_RANKINGS)} or a policy of the run "
+                              f"({', '.join(self.policies) or 'it has none: policies is empty'}), got {rank_by!r}")
 
     def _validate_policies(self) -> None:
         """The ``policies`` mapping: names, agent patterns, each policy's model keys; a parallel env's only."""

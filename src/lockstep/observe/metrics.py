@@ -40,6 +40,9 @@ POLICY_PREFIX = "policy/"
 # COLUMNS (the learner's report writes them; a sweep's objective may name one)
 POLICY_COLUMNS = ("version", "samples", "episode_return_mean", "policy_loss", "value_loss", "entropy", "approx_kl",
                   "clip_fraction")
+# ... and after every policy's of those (metrics.csv's columns are only ever appended to): its learning rate (0 for a
+# frozen policy) and whether it skipped the phase (1: no valid sample, no update; its version moved on unchanged)
+POLICY_COLUMNS_ADDED = ("lr", "skipped")
 
 
 Key = tuple[int, ...]  # where an episode stands in the order of episodes: (step counter, actor id, index)

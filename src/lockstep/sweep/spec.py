@@ -26,7 +26,7 @@ from typing import Any, Literal
 import yaml
 
 from lockstep import config as config_lib
-from lockstep.observe.metrics import COLUMNS, POLICY_COLUMNS, POLICY_PREFIX
+from lockstep.observe.metrics import COLUMNS, POLICY_COLUMNS, POLICY_COLUMNS_ADDED, POLICY_PREFIX
 
 Direction = Literal["maximize", "minimize"]
 Value = Literal["final", "mean_last", "env_steps_to", "seconds_to"]
@@ -283,7 +283,7 @@ def _number_type(hint: Any) -> type | None:
 
 def _check_policy_metric(metric: str, base: config_lib.Config) -> None:
     """A per-policy column, ``policy/NAME/COLUMN``: NAME one of the base's policies, COLUMN one that metrics.csv
-    writes for each policy (``POLICY_COLUMNS``)."""
+    writes for each policy (``POLICY_COLUMNS``, ``POLICY_COLUMNS_ADDED``)."""
     name, _, column = metric.removeprefix(POLICY_PREFIX).partition("/")
     if not base.policies:
         raise SpecError(f"objective.metric: {metric!r} is a column of a run of several policies, and the base has "
@@ -291,9 +291,9 @@ def _check_policy_metric(metric: str, base: config_lib.Config) -> None:
     if name not in base.policies:
         raise SpecError(f"objective.metric: {metric!r} names the policy {name!r}, which is not one of the base's "
                         f"policies ({', '.join(base.policies)})")
-    if column not in POLICY_COLUMNS:
+    if column not in POLICY_COLUMNS + POLICY_COLUMNS_ADDED:
         raise SpecError(f"objective.metric: {metric!r}: {column!r} is not a column metrics.csv writes for each "
-                        f"policy; {POLICY_PREFIX}{name}/ has {', '.join(POLICY_COLUMNS)}")
+                        f"policy; {POLICY_PREFIX}{name}/ has {', '.join(POLICY_COLUMNS + POLICY_COLUMNS_ADDED)}")
 
 
 def _check_value(where: str, key: str, value: Any) -> None:
@@ -405,7 +405,7 @@ def check(spec: Spec) -> None:
     if obj.metric not in COLUMNS and not obj.metric.startswith(POLICY_PREFIX):
         raise SpecError(f"objective.metric: {obj.metric!r} is not a metrics.csv column; columns: "
                         f"{', '.join(COLUMNS)}, and with several policies {POLICY_PREFIX}NAME/COLUMN (COLUMN: "
-                        f"{', '.join(POLICY_COLUMNS)})")
+                        f"{', '.join(POLICY_COLUMNS + POLICY_COLUMNS_ADDED)})")
     to_threshold = obj.value in ("env_steps_to", "seconds_to")
     if to_threshold and obj.threshold is None:
         raise SpecError(f"objective.threshold: objective.value {obj.value} needs the threshold the metric must reach")

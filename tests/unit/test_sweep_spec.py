@@ -140,6 +140,7 @@ KINDS_BASE = {"env": {"id": "pettingzoo:lockstep.envs.kinds"},
 @pytest.mark.parametrize("metric, refused", [
     ("policy/scouts/episode_return_mean", None),
     ("policy/pilots/approx_kl", None),
+    ("policy/pilots/skipped", None),
     ("policy/scout/episode_return_mean", "names the policy 'scout', which is not one of the base's policies "
                                          "(scouts, pilots)"),
     ("policy/scouts/return", "'return' is not a column metrics.csv writes for each policy; policy/scouts/ has "

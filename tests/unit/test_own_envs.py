@@ -107,6 +107,26 @@ def test_shapes_that_are_not_clearly_channels_last_stay_as_they_are(shape, dtype
     np.testing.assert_array_equal(obs, Frames(shape, dtype).image(0))
 
 
+def test_each_agent_of_a_pettingzoo_parallel_env_sends_its_channels_last_images_channels_first():
+    pytest.importorskip("pettingzoo")
+    from lockstep.envs.generated import GeneratedParallel
+
+    described = {"observation": {"box": [6, 5, 3], "dtype": "uint8"}, "action": {"discrete": 2}, "agents": 2}
+    spec = env_spec("pettingzoo:lockstep.envs.generated", kwargs=described)
+    assert dict(spec.observation.leaves)["observation"].shape == (3, 6, 5)
+    slots = make_vector_env("pettingzoo:lockstep.envs.generated", 1, described)
+    try:
+        obs, _ = slots.reset(seed=[4, 4])
+        raw, _ = GeneratedParallel(**described).reset(seed=4)
+        for i, agent in enumerate(("agent_0", "agent_1")):
+            np.testing.assert_array_equal(obs["observation"][i], _cf(raw[agent]))
+    finally:
+        slots.close()
+    kept = {**described, IMAGE_LAYOUT_KWARG: "channels_first"}
+    as_given = env_spec("pettingzoo:lockstep.envs.generated", kwargs=kept)
+    assert dict(as_given.observation.leaves)["observation"].shape == (6, 5, 3)
+
+
 def test_env_image_layout_overrides_the_guess():
     as_given = {IMAGE_LAYOUT_KWARG: "channels_first"}
     assert env_spec(f"{HERE}:frames", kwargs=as_given).observation.shape == (8, 6, 3)

@@ -37,9 +37,9 @@ check). Schemes come first, then the other forms:
 
 Images
 ------
-The observations of Gymnasium ids and factories pass through ``images.channels_first``: channels-last image leaves
-(H, W, C) are transposed to [C, H, W] on the actor, as ``env.image_layout`` decides (``lockstep.envs.images``).
-The schemes' own envs are [C, H, W] already.
+The observations of Gymnasium ids, factories and PettingZoo parallel envs pass through ``lockstep.envs.images``:
+channels-last image leaves (H, W, C) are transposed to [C, H, W] on the actor, as ``env.image_layout`` decides.
+The other schemes' envs are [C, H, W] already.
 
 Episode statistics
 ------------------
@@ -187,13 +187,15 @@ def _own_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
 
 
 def _check_image_layout(env_id: str, kwargs: dict[str, Any]) -> None:
-    """``env.image_layout`` other than auto is for Gymnasium ids and factories: a ValueError for a scheme's id."""
-    scheme = env_id.partition(":")[0]
+    """``env.image_layout`` other than auto is for Gymnasium ids, factories and PettingZoo parallel envs: a
+    ValueError for the other schemes' ids."""
+    scheme, _, name = env_id.partition(":")
     layout = kwargs.get(images.IMAGE_LAYOUT_KWARG, "auto")
-    if scheme in SCHEMES and layout != "auto":
-        raise ValueError(f"env.image_layout {layout} is for the images of Gymnasium ids and package.module:callable "
-                         f"factories; the observations of {env_id} are lockstep's own ([C, H, W]): leave "
-                         "env.image_layout at auto")
+    parallel = scheme == "pettingzoo" and not selfplay.is_turn_based(name)
+    if scheme in SCHEMES and not parallel and layout != "auto":
+        raise ValueError(f"env.image_layout {layout} is for the images of Gymnasium ids, package.module:callable "
+                         f"factories and PettingZoo parallel envs; the observations of {env_id} are lockstep's own "
+                         "([C, H, W]): leave env.image_layout at auto")
 
 
 def reward_threshold(env_id: str) -> float | None:

@@ -13,6 +13,8 @@ Which leaves are images in channels-last order is decided once per env from its 
 ``ChannelsFirst`` transposes those leaves in every observation the env gives (``envs.make_env``, which the actor's
 vector env, ``lockstep eval`` and evaluation during training all build) and in its observation space
 (``envs.env_spec``), so that the hello, the wire, the learner and the audit only ever see [C, H, W].
+``ChannelsFirstParallel`` does the same for each agent of a PettingZoo parallel env (``envs.pettingzoo``), below
+the slots. The schemes' own envs (``atari:``, ``minatar:``, ...) are [C, H, W] already and pass through neither.
 
 Imported by the actor: no torch.
 """
@@ -104,6 +106,45 @@ class ChannelsFirst(gym.ObservationWrapper):
         if name.startswith("_") or name == "env":  # also while unpickling, before ``env`` is set
             raise AttributeError(name)
         return getattr(self.env, name)
+
+
+class ChannelsFirstParallel:
+    """A PettingZoo parallel env whose agents' channels-last image leaves are [C, H, W] (``channels_last_leaves`` of
+    each agent's observation space), in ``observation_space(agent)`` and in the observations of ``reset`` and
+    ``step``; everything else is the env's own."""
+
+    def __init__(self, env: Any, layout: str) -> None:
+        self.env = env
+        self.routes = {agent: frozenset(channels_last_leaves(env.observation_space(agent), layout))
+                       for agent in env.possible_agents}
+        self._spaces = {agent: _space(env.observation_space(agent), routes, ())
+                        for agent, routes in self.routes.items()}
+
+    def observation_space(self, agent: str) -> gym.Space:
+        return self._spaces[agent]
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        observations, infos = self.env.reset(seed=seed, options=options)
+        return self._own(observations), infos
+
+    def step(self, actions: dict) -> tuple:
+        observations, *rest = self.env.step(actions)
+        return (self._own(observations), *rest)
+
+    def _own(self, observations: dict[str, Any]) -> dict[str, Any]:
+        return {agent: _value(obs, self.routes[agent], ()) for agent, obs in observations.items()}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "env":  # also while unpickling, before ``env`` is set
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+def channels_first_parallel(env: Any, layout: str) -> Any:
+    """The PettingZoo parallel env ``env`` itself, or ``ChannelsFirstParallel(env)`` where ``layout`` finds
+    channels-last images in an agent's observations."""
+    wrapped = ChannelsFirstParallel(env, layout)
+    return wrapped if any(wrapped.routes.values()) else env
 
 
 def channels_first(env: gym.Env, layout: str) -> gym.Env:

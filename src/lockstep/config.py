@@ -82,9 +82,10 @@ class EnvConfig:
                                    "MultiDiscrete actions (one number per choice, 0: not allowed), if it has one; "
                                    "empty: no mask")
     image_layout: ImageLayout = setting(
-        "auto", "the channel order of a Gymnasium id's or factory's uint8 image observations (H, W, C: "
-                "channels_last; C, H, W: channels_first), which the actors transpose to lockstep's [C, H, W]; auto: "
-                "channels-last where the last axis is 1, 3 or 4 and smaller than the other two", flag="--image-layout")
+        "auto", "the channel order of the uint8 image observations of a Gymnasium id, a factory or a PettingZoo "
+                "parallel env (H, W, C: channels_last; C, H, W: channels_first), which the actors transpose to "
+                "lockstep's [C, H, W]; auto: channels-last where the last axis is 1, 3 or 4 and smaller than the "
+                "other two", flag="--image-layout")
     normalize_obs: bool = setting(False, "keep a running mean/std of observations (of each Box leaf that is not "
                                          "a uint8 image), part of the policy snapshot")
     normalize_reward: bool = setting(False, "scale rewards by the std of the discounted return")

@@ -39,7 +39,8 @@ Images
 ------
 The observations of Gymnasium ids, factories and PettingZoo parallel envs pass through ``lockstep.envs.images``:
 channels-last image leaves (H, W, C) are transposed to [C, H, W] on the actor, as ``env.image_layout`` decides.
-The other schemes' envs are [C, H, W] already.
+The frames of ``atari:``, ``minatar:`` and ``envpool:`` are [C, H, W] already; a turn-based game's observations
+(``selfplay``) are taken as they are.
 
 Episode statistics
 ------------------
@@ -194,8 +195,8 @@ def _check_image_layout(env_id: str, kwargs: dict[str, Any]) -> None:
     parallel = scheme == "pettingzoo" and not selfplay.is_turn_based(name)
     if scheme in SCHEMES and not parallel and layout != "auto":
         raise ValueError(f"env.image_layout {layout} is for the images of Gymnasium ids, package.module:callable "
-                         f"factories and PettingZoo parallel envs; the observations of {env_id} are lockstep's own "
-                         "([C, H, W]): leave env.image_layout at auto")
+                         f"factories and PettingZoo parallel envs; {env_id}'s observations are taken as they are: "
+                         "leave env.image_layout at auto")
 
 
 def reward_threshold(env_id: str) -> float | None:

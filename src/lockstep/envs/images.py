@@ -14,7 +14,8 @@ Which leaves are images in channels-last order is decided once per env from its 
 vector env, ``lockstep eval`` and evaluation during training all build) and in its observation space
 (``envs.env_spec``), so that the hello, the wire, the learner and the audit only ever see [C, H, W].
 ``ChannelsFirstParallel`` does the same for each agent of a PettingZoo parallel env (``envs.pettingzoo``), below
-the slots. The schemes' own envs (``atari:``, ``minatar:``, ...) are [C, H, W] already and pass through neither.
+the slots. The frames of ``atari:``, ``minatar:`` and ``envpool:`` are [C, H, W] already, and a turn-based game's
+observations (``envs.selfplay``) are taken as they are: neither passes through them.
 
 Imported by the actor: no torch.
 """

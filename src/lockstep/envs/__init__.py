@@ -30,8 +30,8 @@ check). Schemes come first, then the other forms:
 - ``masked:ENV``: a control env with its velocities hidden (``lockstep.envs.masked``), e.g.
   ``masked:CartPole-v1``: observation Box((2,), float32), cart position and pole angle.
 - a registered Gymnasium id, e.g. ``CartPole-v1``, or ``module:EnvId``: ``module`` is imported first, which
-  registers ``EnvId`` (how packages such as ``ale_py`` or ``minigrid`` make their ids known), e.g.
-  ``ale_py:ALE/Pong-v5``.
+  registers ``EnvId`` (how packages make their ids known), e.g. ``ale_py:ALE/Pong-v5``; a scheme's name wins
+  over a module's of the same name.
 - ``package.module:callable``: a function that returns a ``gymnasium.Env``; anything else (an old ``gym.Env``) is
   refused with what to do (``GYM_ERA``).
 

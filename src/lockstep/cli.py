@@ -213,6 +213,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
 # the config fields `lockstep actor` takes, with its flags for them (--num-envs: the name it had before)
 ACTOR_SETTINGS = {"env.id": ("--env",), "env.obs_keys": ("--obs-keys",), "env.kwargs": ("--env-kwargs",),
                   "env.agent_id": ("--agent-id",), "env.action_mask_key": ("--action-mask-key",),
+                  "env.image_layout": ("--image-layout",),
                   "actors.envs_per_actor": ("--envs-per-actor", "--num-envs"), "actors.vector": ("--vector",),
                   "model.critic_input": ("--critic-input",)}  # global: the slots carry the env's state
 

@@ -45,6 +45,7 @@ InferenceKernel = Literal["auto", "torch"]
 ModelKind = Literal["auto", "mlp", "nature-cnn", "small-cnn"]
 Activation = Literal["tanh", "relu"]
 CriticInput = Literal["own", "global"]
+ImageLayout = Literal["auto", "channels_first", "channels_last"]  # lockstep.envs.images.IMAGE_LAYOUTS
 SyncStrategy = Literal[SYNC_NAMES]  # the registry in lockstep.sync names the strategies
 
 
@@ -64,8 +65,10 @@ def setting(default: Any, help: str, *, flag: str | None = None, ge: float | Non
 class EnvConfig:
     """The environment every actor steps, and what the learner does to its observations and rewards."""
 
-    id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), atari:GAME, minatar:GAME, minigrid:ENV, "
-                                     "pettingzoo:MODULE, masked:ENV or package.module:callable", flag="--env")
+    id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), module:EnvId (a package that registers "
+                                     "EnvId when imported, e.g. ale_py:ALE/Pong-v5), atari:GAME, minatar:GAME, "
+                                     "minigrid:ENV, pettingzoo:MODULE, masked:ENV or package.module:callable (a "
+                                     "function that returns a gymnasium.Env)", flag="--env")
     kwargs: dict[str, Any] = setting({}, "keyword arguments for the env's constructor (gym.make, a PettingZoo "
                                          "parallel_env, your callable), e.g. {N: 4, max_cycles: 50}; every actor "
                                          "builds its envs with them", flag="--env-kwargs")
@@ -78,6 +81,11 @@ class EnvConfig:
     action_mask_key: str = setting("action_mask", "a Dict observation's leaf that masks the Discrete and "
                                    "MultiDiscrete actions (one number per choice, 0: not allowed), if it has one; "
                                    "empty: no mask")
+    image_layout: ImageLayout = setting(
+        "auto", "the channel order of the uint8 image observations of a Gymnasium id, a factory or a PettingZoo "
+                "parallel env (H, W, C: channels_last; C, H, W: channels_first), which the actors transpose to "
+                "lockstep's [C, H, W]; auto: channels-last where the last axis is 1, 3 or 4 and smaller than the "
+                "other two", flag="--image-layout")
     normalize_obs: bool = setting(False, "keep a running mean/std of observations (of each Box leaf that is not "
                                          "a uint8 image), part of the policy snapshot")
     normalize_reward: bool = setting(False, "scale rewards by the std of the discounted return")
@@ -85,12 +93,15 @@ class EnvConfig:
     clip_reward: float = setting(10.0, "clip rewards to this magnitude after scaling", gt=0)
 
     def vector_kwargs(self) -> dict[str, Any]:
-        """What an actor's vector env is built with: ``kwargs``, and for a PettingZoo parallel env ``agent_id`` and
-        ``action_mask_key`` (which its slots of departed agents fill with ones) under keys of lockstep's own,
-        which ``envs.make_vector_env`` takes out before the env's constructor sees the rest."""
+        """What an actor's vector env is built with: ``kwargs``, ``image_layout`` other than auto, and for a PettingZoo
+        parallel env ``agent_id`` and ``action_mask_key`` (which its slots of departed agents fill with ones) under
+        keys of lockstep's own, which ``envs`` takes out before the env's constructor sees the rest."""
+        from lockstep.envs.images import IMAGE_LAYOUT_KWARG
         from lockstep.envs.pettingzoo import AGENT_ID_KWARG, DEFAULT_MASK_KEY, MASK_KEY_KWARG
 
         own = {AGENT_ID_KWARG: True} if self.agent_id else {}
+        if self.image_layout != "auto":
+            own[IMAGE_LAYOUT_KWARG] = self.image_layout
         if self.action_mask_key != DEFAULT_MASK_KEY and _parallel_multiagent(self.id):
             own[MASK_KEY_KWARG] = self.action_mask_key
         return {**self.kwargs, **own}

@@ -176,7 +176,7 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
             raise EvalError(f"--opponent plays a turn-based game's other seats; {env_id} is no self-play game")
         return _evaluate_parallel(run_dir, env_config, config.vector_kwargs(), episodes, deterministic, seed,
                                   torch_device, checkpoint, video_dir, on_episode)
-    env = make(env_id, video_dir is not None, env_config.kwargs)
+    env = make(env_id, video_dir is not None, config.vector_kwargs())
     try:
         obs_spec, act_spec = env_specs(env, env_config)
         _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, obs_spec, act_spec,

@@ -247,7 +247,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     return evaluation.main(Path(args.run_dir), episodes=args.episodes, deterministic=args.deterministic,
                            seed=args.seed, device=args.device, checkpoint=args.checkpoint, video=args.video,
-                           out=args.out, opponent=args.opponent)
+                           out=args.out, opponent=args.opponent, torch_threads=args.torch_threads)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -397,6 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds the env's resets and the action noise (default 0)")
     p.add_argument("--video", metavar="DIR", help="write DIR/episode-NNN.mp4 per episode (pip install -e '.[video]')")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    p.add_argument("--torch-threads", type=int, metavar="N",
+                   help="torch's threads (default: the run's learner.torch_threads, as its learner ran)")
     p.add_argument("--out", metavar="FILE.json", help="where to write the results (default RUN_DIR/eval.json)")
     p.add_argument("--opponent", metavar="random|self|RUN_DIR",
                    help="a turn-based game's opponent (default random): random legal moves, the policy itself, or "

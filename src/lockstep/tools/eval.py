@@ -161,14 +161,19 @@ def _stored(run_dir: Path, checkpoint: str | None) -> tuple[config_lib.Config, P
 
 def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, seed: int = 0,
              device: str = "cpu", checkpoint: str | None = None, video_dir: Path | None = None,
-             on_episode=None, opponent: str | None = None) -> EvalReport:
+             on_episode=None, opponent: str | None = None, torch_threads: int | None = None) -> EvalReport:
     """Play ``episodes`` episodes of the run's policy (module docstring); ``on_episode(i, episode)`` is
     called as each ends. A self-play game is played against ``opponent`` (``random``, the default; ``self``,
-    the policy itself; or a run directory, its final policy), the learning seat alternating game by game."""
+    the policy itself; or a run directory, its final policy), the learning seat alternating game by game.
+    Torch runs on ``torch_threads`` threads (default: the run's ``learner.torch_threads``, as its learner
+    did), set for this whole process: a small network's one-row passes only lose time to more threads."""
     if episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {episodes}")
+    if torch_threads is not None and torch_threads < 1:
+        raise EvalError(f"--torch-threads must be at least 1, got {torch_threads}")
     torch_device = prepare_device(device)  # on a GPU in float32, as the learner served it
     config = load_config(run_dir)
+    torch.set_num_threads(torch_threads or config.learner.torch_threads)
     env_config = config.env
     env_id = env_config.id
     if parallel_module(env_id) is not None:
@@ -237,19 +242,30 @@ def _opponent(name: str, model: Policy, normalize: ObsNormalizer, specs: tuple[S
     return ModelOpponent(other, other_normalize, obs_spec, seed, device)
 
 
+def number(value: float) -> str:
+    """A return as eval prints it: at least three significant digits and at least one decimal, so that a
+    small return keeps its sign and size (-0.048 is ``-0.0480``, not ``-0.0``) and a large one its units
+    (1443.27 is ``1443.3``); under 0.001 in scientific notation (``-4.8e-05``)."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:.1f}"
+    if abs(value) < 1e-3:
+        return f"{value:.3g}"
+    return f"{value:.{max(1, 2 - math.floor(math.log10(abs(value))))}f}"
+
+
 def team_lines(report: EvalReport) -> list[str]:
     """A parallel env's figures: each policy's returns per agent, the team's, each agent's."""
     data = report.team_figures()
 
     def spread(figures: dict[str, Any]) -> str:
-        std = "" if figures["count"] < 2 else f" ± {figures['std']:.1f}"
-        return f"{figures['mean']:.1f}{std}"
+        std = "" if figures["count"] < 2 else f" ± {number(figures['std'])}"
+        return f"{number(figures['mean'])}{std}"
 
     lines = [f"policy {name} ({', '.join(figures['agents'])}): mean return {spread(figures)} per agent over "
              f"{figures['count']} agent episodes" for name, figures in data["policies"].items()]
     team = data["team"]
-    lines.append(f"team: mean return {spread(team)} over {team['count']} episodes (min {team['min']:.1f}, max "
-                 f"{team['max']:.1f}; mean length {np.mean([e.length for e in report.episodes]):.1f})")
+    lines.append(f"team: mean return {spread(team)} over {team['count']} episodes (min {number(team['min'])}, max "
+                 f"{number(team['max'])}; mean length {np.mean([e.length for e in report.episodes]):.1f})")
     lines += [f"{agent}: mean return {spread(figures)}" for agent, figures in data["agents"].items()]
     return lines
 
@@ -258,9 +274,10 @@ def summary_line(report: EvalReport) -> str:
     returns = report.returns
     lengths = [e.length for e in report.episodes]
     std = float(returns.std()) if len(returns) > 1 else math.nan
-    spread = f" ± {std:.1f}" if not math.isnan(std) else ""
-    return (f"mean return {returns.mean():.1f}{spread} over {len(returns)} episode{'s' if len(returns) > 1 else ''} "
-            f"(min {returns.min():.1f}, max {returns.max():.1f}; mean length {np.mean(lengths):.1f})"
+    spread = f" ± {number(std)}" if not math.isnan(std) else ""
+    return (f"mean return {number(returns.mean())}{spread} over {len(returns)} "
+            f"episode{'s' if len(returns) > 1 else ''} (min {number(returns.min())}, max {number(returns.max())}; "
+            f"mean length {np.mean(lengths):.1f})"
             + ("" if report.opponent is None else
                ", against {}: win_rate {win_rate:.3f}, draw_rate {draw_rate:.3f}, loss_rate {loss_rate:.3f}".format(
                    report.opponent, **report.outcomes())))
@@ -268,21 +285,22 @@ def summary_line(report: EvalReport) -> str:
 
 def main(run_dir: Path, *, episodes: int = 10, deterministic: bool = False, seed: int = 0, device: str = "cpu",
          checkpoint: str | None = None, video: str | None = None, out: str | None = None,
-         opponent: str | None = None) -> int:
+         opponent: str | None = None, torch_threads: int | None = None) -> int:
     """``lockstep eval``: play, print each episode and the summary, write eval.json; the exit code."""
 
     def show(i: int, episode: Episode | TeamEpisode) -> None:
         recorded = f", {episode.frames} frames in {episode.video}" if episode.video else ""
         if isinstance(episode, TeamEpisode):
-            agents = ", ".join(f"{agent} {ret:.1f}" for agent, ret in episode.returns.items())
-            print(f"episode {i + 1}: team return {episode.ret:.1f}, length {episode.length}{recorded}; {agents}",
+            agents = ", ".join(f"{agent} {number(ret)}" for agent, ret in episode.returns.items())
+            print(f"episode {i + 1}: team return {number(episode.ret)}, length {episode.length}{recorded}; {agents}",
                   flush=True)
         else:
-            print(f"episode {i + 1}: return {episode.ret:.1f}, length {episode.length}{recorded}", flush=True)
+            print(f"episode {i + 1}: return {number(episode.ret)}, length {episode.length}{recorded}", flush=True)
 
     try:
         report = evaluate(run_dir, episodes, deterministic, seed, device, checkpoint,
-                          Path(video) if video else None, on_episode=show, opponent=opponent)
+                          Path(video) if video else None, on_episode=show, opponent=opponent,
+                          torch_threads=torch_threads)
     except EvalError as err:
         print(f"lockstep: {err}", file=sys.stderr)
         return 2

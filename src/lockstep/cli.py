@@ -122,11 +122,14 @@ def resolve_config(args: argparse.Namespace) -> config_lib.Config:
         config = config_lib.default_config(getattr(args, "env.id"))
     else:  # a lone learner: its actors start elsewhere, with env counts that no preset describes
         config = config_lib.Config()
+    env_id, given = config.env.id, set()
     for s in config_lib.SETTINGS:  # the flags, then --set, override the file
         value = getattr(args, s.dotted, None)
         if value is not None:
             config_lib.set_value(config, s.dotted, value)
-    config_lib.apply_sets(config, args.set)
+            given.add(s.dotted)
+    given.update(config_lib.apply_sets(config, args.set))
+    config_lib.drop_thresholds_of_another_env(config, env_id, given)
     config_lib.name_run(config)
     config.validate()
     return config

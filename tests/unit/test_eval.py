@@ -38,8 +38,9 @@ def run_dir(tmp_path_factory):
 
 def test_eval_prints_each_episode_and_the_mean_and_writes_eval_json(run_dir, capsys):
     assert cli.main(["eval", str(run_dir), "--episodes", "3", "--seed", "4"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     result = json.loads((run_dir / "eval.json").read_text())
+    assert result["warning"] is None and "warning" not in err  # the run completed
     returns = [e["return"] for e in result["episodes"]]
     assert len(returns) == 3 and result["env_id"] == "CartPole-v1" and result["iteration"] == 3
     assert result["checkpoint"].endswith("final.pt") and result["seed"] == 4 and not result["deterministic"]
@@ -50,6 +51,29 @@ def test_eval_prints_each_episode_and_the_mean_and_writes_eval_json(run_dir, cap
         assert f"episode {i + 1}: return {evaluation.number(ret)}, length {int(ret)}" in out
     assert (f"mean return {evaluation.number(np.mean(returns))} ± {evaluation.number(np.std(returns))} "
             "over 3 episodes") in out
+
+
+@pytest.mark.parametrize(("change", "warning"), [
+    ({"status": "failed", "error": "RuntimeError('every actor exited while training')", "time_limited": False},
+     "failed (RuntimeError('every actor exited while training')) after 96 env steps"),
+    ({"status": "stopped", "time_limited": True}, "was stopped after 96 env steps, before its step budget"),
+    (None, "has no summary.json: the run is still training, or was killed before it finished"),
+], ids=["failed", "stopped", "no-summary"])
+def test_eval_of_a_failed_or_unfinished_run_warns_on_stderr_and_in_eval_json(run_dir, tmp_path, capsys, change,
+                                                                              warning):
+    """A run that failed once left a final.pt and a summary of a time-limited run; eval played it silently."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["env_steps"] == 96
+    if change is None:
+        (run / "summary.json").unlink()
+    else:
+        (run / "summary.json").write_text(json.dumps({**summary, **change}))
+    assert cli.main(["eval", str(run), "--episodes", "1"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert lines == [f"lockstep: warning: {run} {warning}; final.pt is no finished run's policy"]
+    assert json.loads((run / "eval.json").read_text())["warning"] == f"{run} {warning}"
 
 
 @pytest.mark.parametrize(("value", "shown"), [

@@ -14,6 +14,10 @@ with the policy acting for every agent (``episodes.play_parallel``); the report 
 (until it left), each policy's (the returns of the agents it acts for: today every agent's policy is the run's
 one, ``shared``) and the team's (each episode's agents' returns summed). Its ``return_*`` figures are per
 agent, over every agent's episodes, as metrics.csv's ``episode_return_mean`` is.
+
+A run that did not finish as it was asked (its summary.json says it failed or was stopped, or it has none:
+still training, or killed) gets a warning (``unfinished``), on stderr and in eval.json: its checkpoint is
+the policy it had when it ended, not the one its budget would have trained.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class EvalReport:
     opponent: str | None = None  # a self-play game's opponent: random, self or a run directory
     agents: list[str] | None = None  # a parallel env's agents (possible_agents order); None for other envs
     policy_of_agent: tuple[str, ...] = ()  # ... the policy that acts for each
+    warning: str | None = None  # the run did not finish as it was asked (``unfinished``)
 
     @property
     def returns(self) -> np.ndarray:
@@ -133,6 +138,20 @@ def _figures(returns: list[float], prefix: str = "") -> dict[str, Any]:
             f"{prefix}min": float(values.min()), f"{prefix}max": float(values.max()), f"{prefix}count": len(values)}
 
 
+def unfinished(run_dir: Path) -> str | None:
+    """Why ``run_dir``'s policy may not be the one its run was to train: the run failed, was stopped before
+    its step budget, or has no summary.json (it is still training, or was killed); None for a run that
+    ended as it was asked (its step budget, ``run.time_limit_s`` or ``run.stop_at_return``)."""
+    summary = RunDir(run_dir).summary()
+    if summary is None:
+        return f"{run_dir} has no summary.json: the run is still training, or was killed before it finished"
+    if summary.get("error") or summary.get("status") == "failed":
+        return f"{run_dir} failed ({summary.get('error')}) after {summary['env_steps']:,} env steps"
+    if summary.get("status") == "stopped":
+        return f"{run_dir} was stopped after {summary['env_steps']:,} env steps, before its step budget"
+    return None
+
+
 def load_from_checkpoint(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, action: SpaceSpec,
                          device: torch.device) -> tuple[config_lib.Config, Policy, ObsNormalizer, Path, int]:
     """The run's config, its policy and observation normalizer from a checkpoint, the checkpoint's path
@@ -186,7 +205,8 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
         obs_spec, act_spec = env_specs(env, env_config)
         _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, obs_spec, act_spec,
                                                                     torch_device)
-        report = EvalReport(str(run_dir), str(path), iteration, env_id, deterministic, seed)
+        report = EvalReport(str(run_dir), str(path), iteration, env_id, deterministic, seed,
+                            warning=unfinished(run_dir))
         if isinstance(env.unwrapped, selfplay.SelfPlayGame):  # (under the episode statistics wrapper)
             report.opponent = opponent or "random"
             env.unwrapped.opponent = _opponent(report.opponent, model, normalize, (obs_spec, act_spec), seed,
@@ -219,7 +239,8 @@ def _evaluate_parallel(run_dir: Path, env_config: config_lib.EnvConfig, kwargs: 
             _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, *specs, device)
             act = slots_act(model, normalize, specs, deterministic, seed, device, len(slots.agents))
         report = EvalReport(str(run_dir), str(path), iteration, env_config.id, deterministic, seed,
-                            agents=list(slots.agents), policy_of_agent=policy_of_agents(slots))
+                            agents=list(slots.agents), policy_of_agent=policy_of_agents(slots),
+                            warning=unfinished(run_dir))
         report.episodes = play_parallel(slots, act, specs[0], episodes, seed, video_dir, on_episode)
         return report
     finally:
@@ -305,6 +326,9 @@ def main(run_dir: Path, *, episodes: int = 10, deterministic: bool = False, seed
         print(f"lockstep: {err}", file=sys.stderr)
         return 2
     path = write_report(report, Path(out) if out else run_dir / "eval.json")
+    if report.warning is not None:  # beside the figures it qualifies
+        print(f"lockstep: warning: {report.warning}; {Path(report.checkpoint).name} is no finished run's policy",
+              file=sys.stderr, flush=True)
     played = (f"{report.env_id}, {Path(report.checkpoint).name} (iteration {report.iteration}), "
               f"{'deterministic' if deterministic else 'sampled'} actions")
     if report.agents is not None:

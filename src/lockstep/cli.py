@@ -313,7 +313,7 @@ HELP = {
              "learner, no gRPC) and plays --episodes episodes (atari: ids whole games, raw scores). Prints each\n"
              "return and length and the mean ± std, and writes RUN_DIR/eval.json. A PettingZoo parallel env's\n"
              "episodes are its env's, the policy acting for every agent: each policy's, the team's and each\n"
-             "agent's returns.",
+             "agent's returns. Warns when the run failed, was stopped or has not finished (no summary.json).",
              "lockstep eval runs/NAME --episodes 20 --deterministic\n"
              "lockstep eval runs/NAME --episodes 3 --video videos/   # videos/episode-000.mp4, ...\n"
              "lockstep eval runs/NAME --checkpoint best   # a run with --eval-every: its best evaluated version"),

@@ -122,11 +122,14 @@ def resolve_config(args: argparse.Namespace) -> config_lib.Config:
         config = config_lib.default_config(getattr(args, "env.id"))
     else:  # a lone learner: its actors start elsewhere, with env counts that no preset describes
         config = config_lib.Config()
+    env_id, given = config.env.id, set()
     for s in config_lib.SETTINGS:  # the flags, then --set, override the file
         value = getattr(args, s.dotted, None)
         if value is not None:
             config_lib.set_value(config, s.dotted, value)
-    config_lib.apply_sets(config, args.set)
+            given.add(s.dotted)
+    given.update(config_lib.apply_sets(config, args.set))
+    config_lib.drop_thresholds_of_another_env(config, env_id, given)
     config_lib.name_run(config)
     config.validate()
     return config
@@ -248,7 +251,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     return evaluation.main(Path(args.run_dir), episodes=args.episodes, deterministic=args.deterministic,
                            seed=args.seed, device=args.device, checkpoint=args.checkpoint, video=args.video,
-                           out=args.out, opponent=args.opponent)
+                           out=args.out, opponent=args.opponent, torch_threads=args.torch_threads)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -311,7 +314,7 @@ HELP = {
              "learner, no gRPC) and plays --episodes episodes (atari: ids whole games, raw scores). Prints each\n"
              "return and length and the mean ± std, and writes RUN_DIR/eval.json. A PettingZoo parallel env's\n"
              "episodes are its env's, the policy acting for every agent: each policy's, the team's and each\n"
-             "agent's returns.",
+             "agent's returns. Warns when the run failed, was stopped or has not finished (no summary.json).",
              "lockstep eval runs/NAME --episodes 20 --deterministic\n"
              "lockstep eval runs/NAME --episodes 3 --video videos/   # videos/episode-000.mp4, ...\n"
              "lockstep eval runs/NAME --checkpoint best   # a run with --eval-every: its best evaluated version"),
@@ -398,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds the env's resets and the action noise (default 0)")
     p.add_argument("--video", metavar="DIR", help="write DIR/episode-NNN.mp4 per episode (pip install -e '.[video]')")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    p.add_argument("--torch-threads", type=int, metavar="N",
+                   help="torch's threads (default: the run's learner.torch_threads, as its learner ran)")
     p.add_argument("--out", metavar="FILE.json", help="where to write the results (default RUN_DIR/eval.json)")
     p.add_argument("--opponent", metavar="random|self|RUN_DIR",
                    help="a turn-based game's opponent (default random): random legal moves, the policy itself, or "

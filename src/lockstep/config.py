@@ -313,7 +313,8 @@ class RunConfig:
     seed: int = setting(1, "the run's seed (the welcome carries it to the actors as an unsigned 64-bit integer)",
                         flag="--seed", ge=0, le=2**64 - 1)
     thresholds: list[float] = setting([], "returns whose first crossing summary.json records, any numbers (empty: "
-                                          "the env's reward_threshold)")
+                                          "the env's reward_threshold); a config file's are dropped when the "
+                                          "command line changes its env.id and gives none")
     checkpoint_every: int = setting(0, "iterations between periodic checkpoints (0: none by count)",
                                     flag="--checkpoint-every", ge=0)
     checkpoint_minutes: float = setting(0.0, "minutes between periodic checkpoints (0: none by time)",
@@ -784,13 +785,28 @@ def default_config(env_id: str | None = None) -> Config:
     return Config()
 
 
-def apply_sets(config: Config, items: list[str]) -> None:
-    """Apply ``--set KEY=VALUE`` items (``section.key=value``) in order."""
+def apply_sets(config: Config, items: list[str]) -> list[str]:
+    """Apply ``--set KEY=VALUE`` items (``section.key=value``) in order; the keys they set."""
+    keys = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
         set_value(config, key.strip(), value.strip())
+        keys.append(key.strip())
+    return keys
+
+
+def drop_thresholds_of_another_env(config: Config, env_id: str, given: set[str]) -> None:
+    """A config file's ``run.thresholds`` are returns of its env ``env_id`` (a preset's: the figures its env is
+    judged by, HalfCheetah's 1443): when the command line moves the run to another env and gives no thresholds
+    of its own (``given``: the keys it set), they are dropped with a note, and the run records the new env's own
+    ``reward_threshold`` instead (``Config.return_thresholds``)."""
+    if config.env.id == env_id or not config.run.thresholds or "run.thresholds" in given:
+        return
+    log.info("run.thresholds %s are %s's; dropped for %s, which records its own reward_threshold if it "
+             "registers one (set run.thresholds to choose)", config.run.thresholds, env_id, config.env.id)
+    config.run.thresholds = []
 
 
 def name_run(config: Config) -> Path:

@@ -256,6 +256,8 @@ class Report:
             "policy_version": trainer.version,
             "env_steps": trainer.env_steps,
             "wall_s": round(wall, 3),
+            # ended as it was asked (budget, time limit, target return), stopped before that, or failed
+            "status": "failed" if run["error"] else "completed" if run.pop("completed") else "stopped",
             "time_limited": run["time_limited"],
             "sps": round(trainer.env_steps / wall, 1) if wall > 0 else 0.0,
             "learner_cpu_s": round(time.process_time() - self.clock.cpu_at_start, 3),  # since the first phase

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lockstep import config as config_lib
+from lockstep.launch import ActorsGone
 from lockstep.learner import RunFailed
 from lockstep.observe.tracking import MissingExtra
 from lockstep.transport.grpc import security
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed command ``args.func``: its exit code, errors printed as one line with exit code 2 (1: the
+    """Run the parsed command ``args.func``: its exit code, errors printed as one line with exit code 2 (1: the run or
     learner failed)."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
@@ -482,6 +483,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except RunFailed as err:  # its traceback was logged once, when it happened
         print(f"lockstep: {err} (its traceback is in the log above; summary.json records it)", file=sys.stderr)
+        return 1
+    except ActorsGone as err:  # each actor logged why it ended
+        print(f"lockstep: the run failed: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as err:  # 128 + the signal: 130 for SIGINT, 143 for SIGTERM (launch.local.Interrupted)
         print("lockstep: interrupted", file=sys.stderr)

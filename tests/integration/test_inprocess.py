@@ -9,6 +9,7 @@ import pytest
 from conftest import with_settings
 
 from lockstep.config import Config
+from lockstep.launch import ActorsGone
 from lockstep.launch.local import train
 from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
@@ -81,7 +82,7 @@ def test_a_run_whose_every_actor_died_for_good_ends_with_an_error_instead_of_wai
     sys.modules.pop("failingenv", None)
     config = _config(tmp_path, **{"env.id": "failingenv:make", "run.audit": False, "actors.count": 1,
                                   "actors.envs_per_actor": 1, "actors.restarts": 0, "ppo.total_steps": 10**6})
-    with pytest.raises(RuntimeError, match="every actor exited while training, and none is due to restart"):
+    with pytest.raises(ActorsGone, match="every actor exited while training, and none is due to restart"):
         train(config, tmp_path / "run")
     run = RunDir(tmp_path / "run")
     assert len(run.metrics()) >= 2  # it trained before the env failed

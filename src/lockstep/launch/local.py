@@ -15,7 +15,7 @@ from typing import Any
 
 from lockstep.actor import ActorOptions
 from lockstep.config import Config
-from lockstep.launch import Launcher
+from lockstep.launch import ActorsGone, Launcher
 from lockstep.launch.inprocess import InProcessActors
 from lockstep.launch.processes import ActorProcesses
 from lockstep.launch.ray import RayActors
@@ -208,7 +208,7 @@ def _supervise(config: Config, run_dir: Path, learner: Learner, actors: Launcher
                 if alone and not learner.status.finished and actors.all_exited():
                     when = ("while training, and none is due to restart (actors.restarts)" if learner.status.started
                             else "before training started")
-                    raise RuntimeError(f"every actor exited {when}; see the log above")
+                    raise ActorsGone(f"every actor exited {when}; see the log above")
 
 
 def _stop_learner(learner: Learner, thread: threading.Thread, at_once: bool,

@@ -25,6 +25,8 @@ class Counters:
     evicted_actors: int = 0  # sessions ended by sync.step_deadline_s
     skipped_evaluations: int = 0  # evaluations due while the previous one still ran (run.eval_every)
     opponent_moves: int = 0  # self-play: moves the learner played for opponents (inference only, never trained)
+    # self-play: games the opponents' moves decided before the learning player moved (no episode, no sample)
+    games_decided_before_move: int = 0
 
 
 # Counter columns of metrics.csv that hold an iteration's increase of a run total.

@@ -70,6 +70,9 @@ class EvalReport:
     seed: int
     episodes: list[Episode | TeamEpisode] = field(default_factory=list)
     opponent: str | None = None  # a self-play game's opponent: random, self or a run directory
+    # a self-play game's games that its opponent decided before the learning player moved: no episodes (they
+    # are the learning player's games only), counted apart; the games played are both
+    decided_before_move: int | None = None
     agents: list[str] | None = None  # a parallel env's agents (possible_agents order); None for other envs
     policy_of_agent: tuple[str, ...] = ()  # ... the policy that acts for each
 
@@ -99,7 +102,7 @@ class EvalReport:
                     return_min=float(returns.min()), return_max=float(returns.max()),
                     length_mean=float(lengths.mean()))
         if self.opponent is not None:  # a two-player game: its outcome is the sign of the return
-            data.update(self.outcomes())
+            data.update(self.outcomes(), games=len(self.episodes) + self.decided_before_move)
         return data
 
     def team_figures(self) -> dict[str, Any]:
@@ -164,7 +167,9 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
              on_episode=None, opponent: str | None = None) -> EvalReport:
     """Play ``episodes`` episodes of the run's policy (module docstring); ``on_episode(i, episode)`` is
     called as each ends. A self-play game is played against ``opponent`` (``random``, the default; ``self``,
-    the policy itself; or a run directory, its final policy), the learning seat alternating game by game."""
+    the policy itself; or a run directory, its final policy), the learning seat alternating game by game; the
+    games that the opponent decided before the learning player moved are no episodes, only counted
+    (``decided_before_move``)."""
     if episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {episodes}")
     torch_device = prepare_device(device)  # on a GPU in float32, as the learner served it
@@ -190,6 +195,8 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
             raise EvalError(f"--opponent plays a turn-based game's other seats; {env_id} is no self-play game")
         report.episodes = play(env, env_id, model, normalize, (obs_spec, act_spec), episodes, deterministic, seed,
                                torch_device, video_dir, on_episode)
+        if report.opponent is not None:
+            report.decided_before_move = env.unwrapped.vec.decided_before_move
         return report
     finally:
         env.close()
@@ -263,7 +270,9 @@ def summary_line(report: EvalReport) -> str:
             f"(min {returns.min():.1f}, max {returns.max():.1f}; mean length {np.mean(lengths):.1f})"
             + ("" if report.opponent is None else
                ", against {}: win_rate {win_rate:.3f}, draw_rate {draw_rate:.3f}, loss_rate {loss_rate:.3f}".format(
-                   report.opponent, **report.outcomes())))
+                   report.opponent, **report.outcomes())
+               + f"; {len(returns) + report.decided_before_move} games played, {report.decided_before_move} of "
+                 "them decided before the learning player moved (no episodes)"))
 
 
 def main(run_dir: Path, *, episodes: int = 10, deterministic: bool = False, seed: int = 0, device: str = "cpu",

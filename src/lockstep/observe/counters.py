@@ -16,7 +16,7 @@ from typing import Any
 class Counters:
     """Totals over the run that the learner's own code counts (inference counts come from the backend)."""
 
-    stalls: int = 0  # phases that collected for longer than sync.stall_s
+    stalls: int = 0  # phases that collected for longer than the stall rule allows (learner.session.StallRule)
     dropped_transitions: int = 0  # collected, then discarded: unfinished unrolls, and what a resume or a stop lost
     off_policy_samples: int = 0
     transitions_collected: int = 0  # every action recorded; = trained + dropped at the end of a run

@@ -128,3 +128,23 @@ def test_a_one_game_view_plays_only_the_games_the_learning_player_moves_in():
         assert terminated and reward == 1.0  # the opponent folds the game the learner moved first in
         game.reset()
     assert game.vec.episode_count == 4 and game.vec.decided_before_move == 4
+
+
+def test_a_reward_before_the_learning_players_first_move_comes_with_that_move(monkeypatch):
+    step = folds.Folds.step
+
+    def with_ante(self, action):  # the first mover pays the other seat 0.5 for staying on the first ply
+        mover = self.agent_selection
+        step(self, action)
+        if self.ply == 1 and int(action) == folds.STAY:
+            self.rewards = {seat: 0.0 if seat == mover else 0.5 for seat in folds.SEATS}
+
+    monkeypatch.setattr(folds.Folds, "step", with_ante)
+    stay = lambda obs, waiting: np.full(len(waiting), folds.STAY, np.int64)
+    vec = selfplay.SelfPlayVectorEnv(FOLDS, 1, stay)
+    vec.reset(seed=[0])  # the learner moves first: its game pays it nothing before it moves
+    rewards = [vec.step(np.array([folds.STAY]))[1][0] for _ in range(2)]
+    assert rewards == [0.0, 0.0]  # a tie; the next game's ante (the learner is player_1 there) is not this step's
+    _, reward, terminated, _, info = vec.step(np.array([folds.FOLD]))
+    assert reward[0] == 0.5 - 1.0 and terminated[0]  # the ante came with its first move, which folded
+    assert info["episode"]["r"].tolist() == [-0.5] and info["episode"]["l"].tolist() == [1]

@@ -102,7 +102,7 @@ class EvalReport:
                     return_min=float(returns.min()), return_max=float(returns.max()),
                     length_mean=float(lengths.mean()))
         if self.opponent is not None:  # a two-player game: its outcome is the sign of the return
-            data.update(self.outcomes(), games=len(self.episodes) + self.decided_before_move)
+            data.update(self.outcomes(), games=len(self.episodes) + (self.decided_before_move or 0))
         return data
 
     def team_figures(self) -> dict[str, Any]:
@@ -271,8 +271,8 @@ def summary_line(report: EvalReport) -> str:
             + ("" if report.opponent is None else
                ", against {}: win_rate {win_rate:.3f}, draw_rate {draw_rate:.3f}, loss_rate {loss_rate:.3f}".format(
                    report.opponent, **report.outcomes())
-               + f"; {len(returns) + report.decided_before_move} games played, {report.decided_before_move} of "
-                 "them decided before the learning player moved (no episodes)"))
+               + f"; {len(returns) + (report.decided_before_move or 0)} games played, "
+                 f"{report.decided_before_move or 0} of them decided before the learning player moved (no episodes)"))
 
 
 def main(run_dir: Path, *, episodes: int = 10, deterministic: bool = False, seed: int = 0, device: str = "cpu",

@@ -81,7 +81,6 @@ class Learner:
                                        close_empty=ranks is not None)  # the other ranks wait for this one's update
         self.audit = parts.audit(run_dir / "audit", config, self.trainer, not resume) if run.audit else None
         self.phases = PhaseStore()
-        self.stall_rule = StallRule.of(config.sync)
         self.backend = parts.backend(self.trainer, config, lambda: self.sessions.expected_requests(), self.audit)
         if parts.wrap_backend is not None:
             self.backend = parts.wrap_backend(self.backend, self.trainer)
@@ -208,7 +207,7 @@ class Learner:
             self.report.trained(stats)
             if self.audit is not None and item.batch is not None:
                 self.audit.batch(trainer.iteration, item.phase, self.strategy, item.batch)
-        if self.stall_rule.stalled(item.collect_s, item.recent_s):  # the rule the watchdog warns by
+        if StallRule.of(self.config.sync).stalled(item.collect_s, item.recent_s):  # the rule the watchdog warns by
             self.report.counters.stalls += 1
         self.report.observe(self.backend.stats())
         if stats is not None:  # the row first: a checkpoint never claims an iteration metrics.csv lacks

@@ -407,7 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE.json", help="where to write the results (default RUN_DIR/eval.json)")
     p.add_argument("--opponent", metavar="random|self|RUN_DIR",
                    help="a turn-based game's opponent (default random): random legal moves, the policy itself, or "
-                        "another run's final policy; eval.json gets win_rate, draw_rate and loss_rate")
+                        "another run's final policy; eval.json gets win_rate, draw_rate and loss_rate over the "
+                        "learning player's games, and the games the opponent decided before it moved "
+                        "(decided_before_move, no episodes)")
     p.set_defaults(func=cmd_eval)
 
     p = _command(sub, "plot")

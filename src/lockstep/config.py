@@ -262,7 +262,10 @@ class SyncConfig:
                                                "(collection overlaps training, lag <= sync.max_lag)", flag="--sync")
     max_lag: int = setting(1, "pipelined: the most versions a sample may lag the version that trains on it "
                               "(0 is sync.strategy strict)", flag="--max-lag", ge=1)
-    stall_s: float = setting(10.0, "a phase collecting longer than this counts as a stall (and is logged)", gt=0)
+    stall_s: float = setting(10.0, "the stall rule's floor: a phase collecting longer than this and than 3 x the "
+                                   "median collect time of the last 20 phases counts as a stall and is logged with "
+                                   "the actors it waits for (before any phase has closed: longer than this); a "
+                                   "steady pace is no stall, however slow (docs/reliability.md)", gt=0)
     step_deadline_s: float = setting(300.0, "the step deadline's ceiling: an actor the oldest open phase waits "
                                             "for that sends no step for this long after the learner's last answer "
                                             "is evicted, as if it had disconnected (its unfinished unroll "

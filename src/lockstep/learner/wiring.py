@@ -37,7 +37,7 @@ from lockstep.learner.distributed import Ranks
 from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.report import Report
 from lockstep.learner.rollout import PhaseStore, TrainingPhase
-from lockstep.learner.session import Sessions
+from lockstep.learner.session import Sessions, StallRule
 from lockstep.observe.counters import Clock
 from lockstep.observe.metrics import EpisodeTracker
 from lockstep.observe.progress import Status
@@ -207,7 +207,7 @@ class Learner:
             self.report.trained(stats)
             if self.audit is not None and item.batch is not None:
                 self.audit.batch(trainer.iteration, item.phase, self.strategy, item.batch)
-        if item.collect_s > self.config.sync.stall_s:
+        if StallRule.of(self.config.sync).stalled(item.collect_s, item.recent_s):  # the rule the watchdog warns by
             self.report.counters.stalls += 1
         self.report.observe(self.backend.stats())
         if stats is not None:  # the row first: a checkpoint never claims an iteration metrics.csv lacks

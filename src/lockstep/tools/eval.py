@@ -74,6 +74,9 @@ class EvalReport:
     seed: int
     episodes: list[Episode | TeamEpisode] = field(default_factory=list)
     opponent: str | None = None  # a self-play game's opponent: random, self or a run directory
+    # a self-play game's games that its opponent decided before the learning player moved: no episodes (they
+    # are the learning player's games only), counted apart; the games played are both
+    decided_before_move: int | None = None
     agents: list[str] | None = None  # a parallel env's agents (possible_agents order); None for other envs
     policy_of_agent: tuple[str, ...] = ()  # ... the policy that acts for each
     warning: str | None = None  # the run did not finish as it was asked (``unfinished``)
@@ -104,7 +107,7 @@ class EvalReport:
                     return_min=float(returns.min()), return_max=float(returns.max()),
                     length_mean=float(lengths.mean()))
         if self.opponent is not None:  # a two-player game: its outcome is the sign of the return
-            data.update(self.outcomes())
+            data.update(self.outcomes(), games=len(self.episodes) + (self.decided_before_move or 0))
         return data
 
     def team_figures(self) -> dict[str, Any]:
@@ -183,9 +186,11 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
              on_episode=None, opponent: str | None = None, torch_threads: int | None = None) -> EvalReport:
     """Play ``episodes`` episodes of the run's policy (module docstring); ``on_episode(i, episode)`` is
     called as each ends. A self-play game is played against ``opponent`` (``random``, the default; ``self``,
-    the policy itself; or a run directory, its final policy), the learning seat alternating game by game.
-    Torch runs on ``torch_threads`` threads (default: the run's ``learner.torch_threads``, as its learner
-    did), set for this whole process: a small network's one-row passes only lose time to more threads."""
+    the policy itself; or a run directory, its final policy), the learning seat alternating game by game; the
+    games that the opponent decided before the learning player moved are no episodes, only counted
+    (``decided_before_move``). Torch runs on ``torch_threads`` threads (default: the run's
+    ``learner.torch_threads``, as its learner did), set for this whole process: a small network's one-row passes
+    only lose time to more threads."""
     if episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {episodes}")
     if torch_threads is not None and torch_threads < 1:
@@ -215,6 +220,8 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
             raise EvalError(f"--opponent plays a turn-based game's other seats; {env_id} is no self-play game")
         report.episodes = play(env, env_id, model, normalize, (obs_spec, act_spec), episodes, deterministic, seed,
                                torch_device, video_dir, on_episode)
+        if report.opponent is not None:
+            report.decided_before_move = env.unwrapped.vec.decided_before_move
         return report
     finally:
         env.close()
@@ -301,7 +308,9 @@ def summary_line(report: EvalReport) -> str:
             f"mean length {np.mean(lengths):.1f})"
             + ("" if report.opponent is None else
                ", against {}: win_rate {win_rate:.3f}, draw_rate {draw_rate:.3f}, loss_rate {loss_rate:.3f}".format(
-                   report.opponent, **report.outcomes())))
+                   report.opponent, **report.outcomes())
+               + f"; {len(returns) + (report.decided_before_move or 0)} games played, "
+                 f"{report.decided_before_move or 0} of them decided before the learning player moved (no episodes)"))
 
 
 def main(run_dir: Path, *, episodes: int = 10, deterministic: bool = False, seed: int = 0, device: str = "cpu",

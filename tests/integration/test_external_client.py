@@ -114,3 +114,24 @@ def test_the_client_is_refused_spaces_that_are_not_the_learners_and_misuse_is_na
         episode.end()
         with pytest.raises(RuntimeError, match="has ended"):
             episode.act(np.zeros(4))
+
+
+def test_an_act_waiting_for_the_other_slots_raises_when_the_client_closes(running_learner):
+    learner = running_learner({"learner.min_actors": 1})  # CartPole-v1
+    cartpole = gym.make("CartPole-v1")
+    client = client_lib.connect(learner.address, cartpole.observation_space, cartpole.action_space, slots=2)
+    episode, raised = client.start_episode(), []
+
+    def act() -> None:
+        try:
+            episode.act(cartpole.reset(seed=0)[0])
+        except ConnectionError as err:
+            raised.append(err)
+
+    waiting = threading.Thread(target=act)
+    waiting.start()
+    waiting.join(timeout=1)
+    assert waiting.is_alive()  # slot 1 has not asked: no Step goes out
+    client.close()
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and "closed" in str(raised[0])

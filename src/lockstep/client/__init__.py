@@ -89,6 +89,7 @@ class Client:
         self._actions: Any = None  # the last answer, as the program takes it (``envs.env_actions``)
         self._error: BaseException | None = None  # what ended the client: every waiting ``act`` raises it
         self._cond = threading.Condition()
+        self._closed = False
         self._forget()
         self._conn = self._open()
         self.version = -1  # the policy version of the last answer
@@ -106,11 +107,12 @@ class Client:
 
     def close(self) -> None:
         """Leave the learner: it drops the unroll the slots were filling. Waiting ``act`` calls raise."""
+        self._closed = True  # first: a Step in flight fails at once, and is not retried (``_exchange``)
+        self._conn.close()
         with self._cond:
             if self._error is None:
                 self._error = ConnectionError("the client was closed")
             self._cond.notify_all()
-        self._conn.close()
 
     def __enter__(self) -> Client:
         return self
@@ -197,6 +199,8 @@ class Client:
             except (LearnerClosed, LearnerRefused, Misconfigured):
                 raise
             except ConnectionError as err:
+                if self._closed:
+                    raise ConnectionError("the client was closed") from err
                 log.warning("actor %d: %s; reconnecting", self.actor_id, err)
                 self._conn.close()
                 self._forget()

@@ -2,13 +2,14 @@
 
 The program is no Gymnasium env: a plain loop of a control task (bring a point to a target on a line and hold it
 there) that starts episodes, asks for actions, rewards them and ends them, cut by time (truncated, with the
-final observation) or by leaving the track (terminated). Four episodes run at once in four threads, one slot
-each, so the client's slots step together. The learner is strict and audited: the program's return climbs far
-above a random policy's and every sample was produced by the version that trained on it.
+final observation) or by leaving the track (terminated). Four episodes run at once in four threads, each thread
+keeping its slot, so the client's slots step together. The learner is strict and audited: the program's return
+climbs far above a random policy's and every sample was produced by the version that trained on it.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import gymnasium as gym
@@ -79,7 +80,8 @@ def test_a_program_driving_its_own_loop_trains_strictly_and_the_audit_passes(run
     client = client_lib.connect(learner.address, Declared.observation_space, Declared.action_space,
                                 slots=SLOTS, token=None)
     returns: list[list[float]] = [[] for _ in range(SLOTS)]
-    threads = [threading.Thread(target=hold_the_target, args=(client.start_episode, slot, returns[slot]))
+    threads = [threading.Thread(target=hold_the_target,
+                                args=(functools.partial(client.start_episode, slot), slot, returns[slot]))
                for slot in range(SLOTS)]
     for thread in threads:
         thread.start()

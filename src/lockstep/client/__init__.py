@@ -96,12 +96,21 @@ class Client:
 
     # -- what the program calls ------------------------------------------------------------------------------
 
-    def start_episode(self) -> Episode:
-        """An episode on a free slot; raises ``RuntimeError`` when every slot holds one."""
+    def start_episode(self, slot: int | None = None) -> Episode:
+        """An episode on ``slot``, or on the first free slot; raises ``RuntimeError`` when that slot (or every
+        slot) holds one. A program whose threads each keep their own slot runs the same episodes on the same
+        slots whatever the timing, which a strict learner then trains on reproducibly."""
         with self._cond:
-            for slot, held in enumerate(self._episodes):
+            if slot is not None:
+                if not 0 <= slot < self.slots:
+                    raise ValueError(f"slot {slot} is not one of the client's slots 0..{self.slots - 1}")
+                if self._episodes[slot] is not None:
+                    raise RuntimeError(f"slot {slot} holds an episode: end it first")
+                self._episodes[slot] = episode = Episode(self, slot)
+                return episode
+            for free, held in enumerate(self._episodes):
                 if held is None:
-                    self._episodes[slot] = episode = Episode(self, slot)
+                    self._episodes[free] = episode = Episode(self, free)
                     return episode
         raise RuntimeError(f"all {self.slots} slot(s) hold an episode: end one first, or connect with more slots")
 

@@ -70,6 +70,7 @@ class _Random:
         pass
 
 
+@pytest.mark.slow
 def test_a_program_driving_its_own_loop_trains_strictly_and_the_audit_passes(running_learner, run_dir):
     baseline: list[float] = []
     hold_the_target(_Random, 0, baseline, choose=lambda rng: int(rng.integers(2)))

@@ -18,6 +18,8 @@ from conftest import lockstep_cmd
 
 NODE_ACTOR = Path(__file__).resolve().parents[2] / "examples" / "node-actor"
 TOKEN = "node-actor-secret"
+pytestmark = pytest.mark.slow
+
 STEPS = 32 * 16 * 64  # the cartpole-fast preset's phase (32 envs x T 16), 64 versions
 
 

@@ -216,6 +216,8 @@ class Client:
                 if not backoff.wait():
                     raise ConnectionError(f"no learner at {self._learner} for {self._retry_for_s:.0f} s: {err}") \
                         from err
+                if self._closed:  # while it waited: no new connection that nothing would close
+                    raise ConnectionError("the client was closed") from err
                 self._conn = self._open(backoff)
         self._actions = envs_lib.env_actions(actions, self.act_spec)
         self._forget()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -138,3 +139,21 @@ def test_an_act_waiting_for_the_other_slots_raises_when_the_client_closes(runnin
     client.close()
     waiting.join(timeout=30)
     assert not waiting.is_alive() and "closed" in str(raised[0])
+
+
+def test_a_client_evicted_for_a_slow_first_action_reconnects_inside_act(running_learner):
+    learner = running_learner({"learner.min_actors": 1, "sync.first_step_deadline_s": 0.5,
+                               "sync.step_deadline_min_s": 0.5, "ppo.steps_per_env": 4})
+    cartpole = gym.make("CartPole-v1")
+    with client_lib.connect(learner.address, cartpole.observation_space, cartpole.action_space) as client:
+        episode = client.start_episode()
+        deadline = time.monotonic() + 60
+        while learner.learner.report.counters.evicted_actors == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the program thinks for longer than the learner waits for its first step
+        assert learner.learner.report.counters.evicted_actors == 1
+        obs = cartpole.reset(seed=0)[0]
+        for _ in range(6):  # past the first phase of 4 steps: the new connection trains
+            action = episode.act(obs)
+            obs, reward, *_ = cartpole.step(int(action))
+            episode.reward(reward)
+        assert client.version == 1

@@ -10,7 +10,7 @@ TORCH_WHEEL := $(firstword $(wildcard $(PIP_FIND_LINKS)/torch-*+cpu-cp3*.whl))
 # Empty: lockstep train's default, the cartpole-fast preset; e.g. TRAIN_ARGS="--config cartpole-cleanrl".
 TRAIN_ARGS ?=
 
-.PHONY: install install-all train test test-fast proto clean
+.PHONY: install install-all node-actor train test test-fast proto clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,19 @@ $(VENV)/.all: $(VENV)/.core dev/pyproject.toml
 
 install: $(VENV)/.core
 
-install-all: $(VENV)/.all
+install-all: $(VENV)/.all node-actor
+
+# The Node.js actor (examples/node-actor), whose test trains against a learner: its packages from the npm registry,
+# at the versions of its package-lock.json. Without npm on this machine it is left out, and its test skips saying so.
+NODE_ACTOR := examples/node-actor
+ifneq ($(shell command -v npm 2>/dev/null),)
+node-actor: $(NODE_ACTOR)/node_modules/.package-lock.json
+$(NODE_ACTOR)/node_modules/.package-lock.json: $(NODE_ACTOR)/package-lock.json
+	npm ci --prefix $(NODE_ACTOR) --no-audit --no-fund
+else
+node-actor:
+	@echo "npm not found: examples/node-actor is not built and its test will skip (install Node.js 18 or newer)"
+endif
 
 train: install
 	$(VENV)/bin/lockstep train $(TRAIN_ARGS)
@@ -48,4 +60,4 @@ proto: install-all
 	$(PY) -m lockstep.transport.generate
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache $(NODE_ACTOR)/node_modules

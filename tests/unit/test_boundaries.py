@@ -19,7 +19,7 @@ def _imported_after(module: str) -> set[str]:
     return set(out.split())
 
 
-@pytest.mark.parametrize("module", ["lockstep.actor", "lockstep.common.backoff", "lockstep.envs",
+@pytest.mark.parametrize("module", ["lockstep.actor", "lockstep.client", "lockstep.common.backoff", "lockstep.envs",
                                     "lockstep.transport.grpc.client", "lockstep.transport.shm.client"])
 def test_the_actor_side_imports_no_torch(module):
     assert "torch" not in _imported_after(module)
@@ -92,7 +92,7 @@ ORDER = [
     {"envs", "sync"},  # env ids, spaces, the vector env; the admission gate
     {"algo", "transport"},  # PPO's math and statistics; the connection loop and its framings
     {"config"},  # the typed config tree
-    {"models", "actor", "observe"},  # policies; the actor; counters, metrics, progress, plots
+    {"models", "actor", "client", "observe"},  # policies; the actor, the external client; counters, metrics, plots
     {"learner"},  # the rooms of the learner and their wiring
     {"launch", "tools", "sweep"},  # who starts actors; eval and audit; sweeps of runs
     {"api", "cli"},  # what a user calls: the Python API and the command

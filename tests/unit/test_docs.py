@@ -48,3 +48,20 @@ def test_every_relative_link_points_to_an_existing_file_and_heading(doc):
 def test_every_path_of_the_tree_in_backticks_exists(doc):
     missing = [p for p in TREE_PATH.findall(doc.read_text()) if not (ROOT / p.rstrip("/")).exists()]
     assert not missing, f"{_name(doc)} names paths that are not in the tree (update them to today's): {missing}"
+
+
+def test_the_protocol_page_names_every_message_field_and_refusal_status():
+    """docs/protocol.md is the contract a client in another language is written from: every message and field of
+    lockstep.proto, and every status the learner refuses with, must be on it (a new field needs its line there)."""
+    from lockstep.transport import lockstep_pb2 as pb
+    from lockstep.transport import protocol
+
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    missing = [f"message {name}" for name in pb.DESCRIPTOR.message_types_by_name if name not in text]
+    for message in pb.DESCRIPTOR.message_types_by_name.values():
+        missing += [f"{message.name}.{field.name}" for field in message.fields if f"`{field.name}`" not in text]
+    missing += [f"Space.Kind {kind.name}" for kind in pb.Space.Kind.DESCRIPTOR.values
+                if kind.number and f"`{kind.name}`" not in text]
+    codes = [value for name, value in vars(protocol).items() if name.isupper() and isinstance(value, str)]
+    missing += [f"status {code}" for code in codes if f"`{code}`" not in text]
+    assert not missing, f"docs/protocol.md does not describe: {missing}"

@@ -119,7 +119,7 @@ def test_the_card_names_inputs_outputs_spaces_and_the_version(parity_table, expo
     assert card["return_at_export"]["training_mean"] is not None
 
 
-def test_the_command_writes_a_file_onnxruntime_refuses_wrong_dtypes_of_by_name(tmp_path):
+def test_the_command_writes_a_file_whose_runtimes_refuse_a_wrong_dtype_or_shape_by_the_inputs_name(tmp_path):
     import onnxruntime
 
     run_dir = _train("mlp-discrete", tmp_path / "run")
@@ -132,6 +132,17 @@ def test_the_command_writes_a_file_onnxruntime_refuses_wrong_dtypes_of_by_name(t
     assert session.run(None, {"obs": np.zeros((3, 4), np.float32)})[0].shape == (3,)
     with pytest.raises(Exception, match=r"data type.*tensor\(double\).*expected.*tensor\(float\)"):  # float64
         session.run(None, {"obs": np.zeros((1, 4), np.float64)})
+    with pytest.raises(Exception, match="dimensions for input: obs"):
+        session.run(None, {"obs": np.zeros((1, 5), np.float32)})
+    import torch
+
+    assert export.main(run_dir, fmt="torchscript", out=str(tmp_path / "cartpole.pt")) == 0
+    module = torch.jit.load(str(tmp_path / "cartpole.pt"))
+    assert module(obs=torch.zeros((3, 4))).shape == (3,)  # the inputs by name, as the card's (obs.v: obs_v)
+    with pytest.raises(Exception, match=r"input obs: expected dtype float32"):  # a trace alone would convert it
+        module(torch.zeros((1, 4), dtype=torch.float64))
+    with pytest.raises(Exception, match=r"input obs: shape \[4\], expected \[batch, 4\]"):
+        module(torch.zeros(4))
     missing = subprocess.run([*lockstep_cmd(), "export", str(tmp_path / "nothing"), "--format", "onnx", "--out",
                               str(tmp_path / "x.onnx")], capture_output=True, text=True, timeout=240)
     assert missing.returncode == 2 and "config.yaml" in missing.stderr

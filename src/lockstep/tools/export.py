@@ -29,9 +29,12 @@ output has a leading batch dimension):
 
 ONNX is written by torch's TorchScript-based exporter (``torch.onnx.export(..., dynamo=False)``, opset
 ``OPSET``): it traces the same graph TorchScript does in a fraction of a second and needs no package beyond
-torch, where the torch.export-based one takes seconds per file and needs onnxscript. TorchScript is
-``torch.jit.trace`` of the same module. A PettingZoo parallel env's policy takes one agent's observation
-(a slot's: its leaves, ``agent_active``, ``agent_id``); with several policies, each policy's own part of it.
+torch, where the torch.export-based one takes seconds per file and needs onnxscript; onnxruntime refuses a wrong
+input's dtype or shape by the input's name. TorchScript is ``torch.jit.trace`` of the same module behind a
+scripted ``forward`` that does the same (``_checked``) and takes the inputs by name.
+
+A PettingZoo parallel env's policy takes one agent's observation (a slot's: its leaves, ``agent_active``,
+``agent_id``); with several policies, each policy's own part of it.
 """
 
 from __future__ import annotations
@@ -197,6 +200,52 @@ class ExportedPolicy(nn.Module):
         return tuple(found)
 
 
+_CHECKED = """import torch
+from typing import Tuple
+
+
+class Checked(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, {arguments}) -> {returns}:
+{checks}
+        return self.inner({names})
+"""
+
+
+def _checked(traced: torch.jit.ScriptModule, module: ExportedPolicy) -> torch.jit.ScriptModule:
+    """``traced`` behind a scripted ``forward`` that takes the inputs by their names (``obs.v`` as ``obs_v``) and
+    raises a RuntimeError naming the input where one's dtype, rank or size differs from the card's: a trace alone
+    would convert a float64 observation to float32 without a word."""
+    import importlib.util
+    import re
+    import tempfile
+
+    names = [re.sub(r"\W", "_", name) for name, _, _ in module.inputs()]
+    checks = []
+    for (name, shape, dtype), arg in zip(module.inputs(), names):
+        expected = _torch_dtype(dtype)
+        checks.append(f"        if {arg}.dtype != {expected}:\n            raise RuntimeError("
+                      f"'input {name}: expected dtype {dtype} (the card\\'s), got another')")
+        sizes = ", ".join(str(n) for n in shape[1:])
+        checks.append(f"        if {arg}.dim() != {len(shape)} or {arg}.shape[1:] != [{sizes}]:\n            raise "
+                      f"RuntimeError('input {name}: shape ' + str({arg}.shape) + ', expected [batch, {sizes}]')")
+    count = len(module.outputs())
+    returns = "torch.Tensor" if count == 1 else f"Tuple[{', '.join(['torch.Tensor'] * count)}]"
+    source = _CHECKED.format(arguments=", ".join(f"{arg}: torch.Tensor" for arg in names), returns=returns,
+                             checks="\n".join(checks), names=", ".join(names))
+    # TorchScript compiles a class from its source file: write one, import it, script it
+    with tempfile.TemporaryDirectory(prefix="lockstep-export-") as tmp:
+        path = Path(tmp) / "lockstep_exported.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("lockstep_exported", path)
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        return torch.jit.script(loaded.Checked(traced))
+
+
 @dataclass
 class Loaded:
     """One policy of a run, ready to export."""
@@ -285,7 +334,7 @@ def export_policy(policy: Loaded, fmt: str, out: Path, sample: bool = False) -> 
             torch.onnx.export(module, example, str(out), input_names=names, output_names=outputs, opset_version=OPSET,
                               dynamo=False, dynamic_axes={name: {0: BATCH} for name in names + outputs})
         elif fmt == "torchscript":
-            torch.jit.save(torch.jit.trace(module, example, check_trace=False), str(out))
+            torch.jit.save(_checked(torch.jit.trace(module, example, check_trace=False), module), str(out))
         else:
             raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     return module

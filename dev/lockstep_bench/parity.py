@@ -100,6 +100,8 @@ def feeds(card: dict, played: Played, batched: bool) -> dict[str, np.ndarray]:
         else:
             path = name[len("obs."):] if name.startswith("obs.") else name[len("obs"):]
             value = played.records[path]
+        if name in card.get("channels_last", ()):  # the env gave it (H, W, C); lockstep's env made it [C, H, W]
+            value = np.transpose(value, (0, 2, 3, 1))
         value = np.ascontiguousarray(value, np.dtype(entry["dtype"]))
         assert value.dtype == np.dtype(entry["dtype"]), (name, value.dtype, entry)
         laid[name] = value.reshape(1, T, *value.shape[1:]) if batched else value.reshape(T, 1, *value.shape[1:])

@@ -44,7 +44,11 @@ FAMILIES = {
     "nature-cnn": {"env.id": GENERATED, "env.kwargs": {
         "observation": {"box": [1, 36, 36], "dtype": "uint8"}, "action": {"tuple": [
             {"discrete": 3}, {"box": [1], "scale": 0.25}]}}},
-    "lstm": {"env.id": "masked:CartPole-v1", "env.normalize_obs": True, "model.lstm_size": 8},
+    # an (H, W, C) image the env gives and lockstep's env transposes, beside a vector: the small CNN
+    "channels-last": {"env.id": GENERATED, "env.kwargs": {
+        "observation": {"dict": {"frame": {"box": [6, 5, 3], "dtype": "uint8"}, "v": {"box": [2]}}},
+        "action": {"discrete": 3}}},
+    "lstm-gaussian": {"env.id": "masked:Pendulum-v1", "env.normalize_obs": True, "model.lstm_size": 8},
     "lstm-dict": {"env.id": GENERATED, "model.lstm_size": 8, "model.critic_lstm": True, "env.action_mask_key": "ok",
                   "env.kwargs": {"observation": {"dict": {"v": {"box": [3]}, "d": {"discrete": 3}}},
                                  "action": {"multi_discrete": [2, 3]}, "mask": "ok", "length": 4}},
@@ -146,3 +150,33 @@ def test_the_command_writes_a_file_whose_runtimes_refuse_a_wrong_dtype_or_shape_
     missing = subprocess.run([*lockstep_cmd(), "export", str(tmp_path / "nothing"), "--format", "onnx", "--out",
                               str(tmp_path / "x.onnx")], capture_output=True, text=True, timeout=240)
     assert missing.returncode == 2 and "config.yaml" in missing.stderr
+
+
+def test_a_channels_last_image_is_taken_as_the_env_gives_it(parity_table, exported):
+    card = json.loads((exported / "exported" / "channels-last-deterministic.pt.json").read_text())
+    assert card["inputs"][0] == {"name": "obs.frame", "shape": ["batch", 6, 5, 3], "dtype": "uint8"}
+    assert card["channels_last"] == ["obs.frame"]
+    assert card["observation_space"].startswith("{frame: Box(shape=(3, 6, 5)")  # lockstep's [C, H, W]
+
+
+def test_a_run_of_several_policies_exports_one_file_per_policy(tmp_path):
+    from lockstep_bench.spaces import Case
+
+    from lockstep.learner.episodes import EvalError
+
+    run_dir = tmp_path / "run"
+    case = Case(observation={"box": [3]}, action={"discrete": 2}, agents=2, policies=True, length=4)
+    config = case.config(run_dir)
+    config.run.audit = False
+    train(config, run_dir)
+    with pytest.raises(EvalError, match="2 policies .*--policy NAME"):
+        export.export(run_dir, "onnx", tmp_path / "one.onnx")
+    (first,) = export.export(run_dir, "onnx", tmp_path / "first.onnx", policy="first")
+    assert json.loads(Path(f"{first}.json").read_text())["policy"] == "first"
+    written = export.export(run_dir, "torchscript", tmp_path / "all")
+    assert sorted(path.name for path in written) == ["first.pt", "others.pt"]
+    card = json.loads(Path(f"{written[0]}.json").read_text())
+    # one agent's observation as its slot gives it: its own leaves and whether it still takes part
+    assert [i["name"] for i in card["inputs"]] == ["obs.agent_active", "obs.observation"]
+    with pytest.raises(EvalError, match="--policy 'nobody'"):
+        export.export(run_dir, "onnx", tmp_path / "x.onnx", policy="nobody")

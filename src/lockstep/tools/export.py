@@ -47,6 +47,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -74,6 +75,12 @@ OPSET = 17
 BATCH = "batch"  # the name of every input's and output's leading dimension in the card and the ONNX graph
 _TINY = float(np.finfo(np.float32).tiny)
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
+
+
+def _channels_last(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """[C, H, W] -> (H, W, C)."""
+    channels, height, width = shape
+    return height, width, channels
 
 
 def _torch_dtype(dtype: str | np.dtype) -> torch.dtype:
@@ -121,9 +128,11 @@ class ExportedPolicy(nn.Module):
     ``outputs()``' order, one tensor each, batch first."""
 
     def __init__(self, model: Policy, normalize: ObsNormalizer, observation: SpaceSpec, action: SpaceSpec,
-                 sample: bool = False) -> None:
+                 sample: bool = False, channels_last: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.model = model.cpu().eval().requires_grad_(False)
+        # the leaves the env gives as (H, W, C) images, which lockstep's env transposes to [C, H, W] (``envs.images``)
+        self.transposed = [path in channels_last for path, _ in observation.leaf_specs()]
         self.normalize = _Normalize(normalize, observation)
         self.observation, self.action, self.sample = observation, action, sample
         self.leaves = len(observation.leaf_specs())
@@ -138,8 +147,9 @@ class ExportedPolicy(nn.Module):
 
     def inputs(self) -> list[tuple[str, tuple[int | str, ...], str]]:
         """(name, shape, numpy dtype) of each input, in order."""
-        found = [(_name("obs", path), (BATCH, *leaf.shape), np.dtype(leaf.dtype).name)
-                 for path, leaf in self.observation.leaf_specs()]
+        found = [(_name("obs", path), (BATCH, *(_channels_last(leaf.shape) if transposed else leaf.shape)),
+                  np.dtype(leaf.dtype).name)
+                 for (path, leaf), transposed in zip(self.observation.leaf_specs(), self.transposed)]
         if self.recurrent:
             found.append(("state", (BATCH, self.model.state_size), "float32"))
         if self.sample:
@@ -155,7 +165,10 @@ class ExportedPolicy(nn.Module):
         return found
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        obs = self.normalize(list(inputs[: self.leaves]))
+        # [B, H, W, C] -> [B, C, H, W], contiguous as ``envs.images`` makes it
+        leaves = [x.permute(0, 3, 1, 2).contiguous() if transposed else x
+                  for x, transposed in zip(inputs[: self.leaves], self.transposed)]
+        obs = self.normalize(leaves)
         batch = inputs[0].shape[0]
         at = self.leaves
         if self.recurrent:
@@ -190,9 +203,9 @@ class ExportedPolicy(nn.Module):
     def example(self, batch: int = 2) -> tuple[torch.Tensor, ...]:
         """Inputs of ``batch`` rows to trace with: valid observations (zeros; a mask that allows everything)."""
         found = []
-        for path, leaf in self.observation.leaf_specs():
+        for (_, shape, dtype), (path, _) in zip(self.inputs(), self.observation.leaf_specs()):
             fill = 1 if path and path == self.observation.mask else 0
-            found.append(torch.full((batch, *leaf.shape), fill, dtype=_torch_dtype(leaf.dtype)))
+            found.append(torch.full((batch, *shape[1:]), fill, dtype=_torch_dtype(dtype)))
         if self.recurrent:
             found.append(torch.zeros((batch, self.model.state_size)))
         if self.sample:
@@ -256,6 +269,7 @@ class Loaded:
     observation: SpaceSpec
     action: SpaceSpec
     version: int | None  # the policy version of the checkpoint
+    channels_last: frozenset[str] = frozenset()  # leaves the env gives as (H, W, C) images (``envs.images``)
 
 
 def load_policies(run_dir: Path, checkpoint: str | None = None) -> tuple[list[Loaded], dict[str, Any]]:
@@ -271,6 +285,7 @@ def load_policies(run_dir: Path, checkpoint: str | None = None) -> tuple[list[Lo
         raise EvalError(f"{err}; pass --checkpoint FILE to use another" if checkpoint is None else str(err)) from err
     trainer = checkpoint_lib.load(path)["trainer"]
     device = torch.device("cpu")
+    channels_last: frozenset[str] = frozenset()
     if parallel_module(env_id) is not None:
         slots = make_slots(env_id, config.vector_kwargs(), False)
         try:
@@ -282,6 +297,9 @@ def load_policies(run_dir: Path, checkpoint: str | None = None) -> tuple[list[Lo
         env = make(env_id, False, config.vector_kwargs())
         try:
             specs = {SHARED_POLICY: env_specs(env, config.env)}
+            routes = _channels_first_routes(env)
+            channels_last = frozenset(path for path, leaf in specs[SHARED_POLICY][0].leaf_specs()
+                                      if leaf.route in routes)
         finally:
             env.close()
     stored = trainer.get("policies") or {SHARED_POLICY: trainer}
@@ -299,11 +317,23 @@ def load_policies(run_dir: Path, checkpoint: str | None = None) -> tuple[list[Lo
         except PolicyMismatch as err:
             raise EvalError(str(err)) from err
         version = stored[name].get("version", trainer.get("version"))
-        loaded.append(Loaded(name, model, normalize, observation, action, None if version is None else int(version)))
+        loaded.append(Loaded(name, model, normalize, observation, action, None if version is None else int(version),
+                             channels_last))
     source = {"run_dir": str(run_dir), "checkpoint": str(path), "iteration": int(trainer["iteration"]),
               "env_id": env_id, "env_kwargs": config.env.kwargs, "env_image_layout": config.env.image_layout,
               "env_obs_keys": list(config.env.obs_keys), "action_mask_key": config.env.action_mask_key}
     return loaded, source
+
+
+def _channels_first_routes(env) -> frozenset:
+    """The routes of the leaves ``envs.images.ChannelsFirst`` transposes among ``env``'s wrappers; none without one."""
+    from lockstep.envs.images import ChannelsFirst
+
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, ChannelsFirst):
+            return env.routes
+        env = env.env
+    return frozenset()
 
 
 def _policy_specs(slots, config, observation: SpaceSpec, action: SpaceSpec) -> dict[str, tuple[SpaceSpec, SpaceSpec]]:
@@ -321,7 +351,8 @@ def _policy_specs(slots, config, observation: SpaceSpec, action: SpaceSpec) -> d
 
 def export_policy(policy: Loaded, fmt: str, out: Path, sample: bool = False) -> ExportedPolicy:
     """Write ``policy`` as ``fmt`` (onnx or torchscript) to ``out``; the module it traced."""
-    module = ExportedPolicy(policy.model, policy.normalize, policy.observation, policy.action, sample)
+    module = ExportedPolicy(policy.model, policy.normalize, policy.observation, policy.action, sample,
+                            policy.channels_last)
     example = module.example()
     out.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():
@@ -354,6 +385,8 @@ def card(module: ExportedPolicy, policy: Loaded, fmt: str, source: dict[str, Any
         "format": fmt, "lockstep_version": version, "policy": policy.name, "policy_version": policy.version,
         **source, "observation_space": policy.observation.describe(), "action_space": policy.action.describe(),
         "action_mask": policy.observation.mask and _name("obs", policy.observation.mask),
+        "channels_last": [_name("obs", path) for path, _ in policy.observation.leaf_specs()
+                          if path in policy.channels_last],
         "recurrent": module.recurrent, "sample": module.sample,
         "noise_width": policy.model.noise_width if module.sample else None,
         "inputs": tensors(module.inputs()), "outputs": tensors(module.outputs()),

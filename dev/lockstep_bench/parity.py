@@ -39,6 +39,7 @@ class Played:
     starts: np.ndarray  # [T] bool: an episode starts at the step
     uniforms: np.ndarray  # [T, W] float64 the noise each step sampled from (W = 0 with ``deterministic``)
     actions: dict[str, np.ndarray]  # output name -> [T, ...] the actions the env got
+    rows: int = 1  # slots per step (a parallel env's agents of one policy): the arrays above are [T * rows], t-major
 
 
 def _outputs(actions, T: int) -> dict[str, np.ndarray]:
@@ -84,10 +85,69 @@ def reference(run_dir: Path, steps: int, seed: int = 0, deterministic: bool = Tr
         env.close()
 
 
+def reference_parallel(run_dir: Path, steps: int, seed: int = 0) -> dict[str, Played]:
+    """``reference`` of a PettingZoo parallel env: ``steps`` steps of its agents acting as ``lockstep eval
+    --deterministic`` plays them (``episodes.slots_act``, or ``team_act`` for several policies), recorded per policy:
+    its agents' slots, their observations as the policy takes them and their part of the actions."""
+    from lockstep.envs import EnvSpec, to_records
+    from lockstep.learner import checkpoint as checkpoint_lib
+    from lockstep.learner.episodes import SHARED_POLICY, make_slots, slot_specs, team_act
+    from lockstep.learner.team import PolicyView
+    from lockstep.observe.run_dir import RunDir
+
+    config = load_config(run_dir)
+    slots = make_slots(config.env.id, config.vector_kwargs(), False)
+    try:
+        specs = slot_specs(slots, config.env)
+        A, device = len(slots.agents), torch.device("cpu")
+        if slots.policy_of:
+            path = checkpoint_lib.find(RunDir(run_dir).checkpoints, checkpoint_lib.FINAL)
+            act = team_act(slots, config, checkpoint_lib.load(path)["trainer"]["policies"], True, seed, device,
+                           str(path))
+            spec = EnvSpec(config.env.id, *specs, agents=A, policy_of=slots.policy_of, agent_names=tuple(slots.agents))
+            views = {name: PolicyView(spec, name, config.env.action_mask_key) for name in spec.policies}
+        else:
+            _, model, normalize, _, _ = load_from_checkpoint(run_dir, None, *specs, device)
+            act, views = slots_act(model, normalize, specs, True, seed, device, A), {SHARED_POLICY: None}
+        records, starts, actions = [], [], []
+        obs, _ = slots.reset(seed=seed)
+        first = np.ones(A, bool)
+        for _ in range(steps):
+            record = to_records(obs, specs[0])  # [A]
+            chosen = act(record, first)
+            records.append(record)
+            starts.append(first)
+            actions.append(chosen)
+            obs, _, terminated, truncated, _ = slots.step(chosen)
+            first = terminated | truncated
+    finally:
+        slots.close()
+    played = {}
+    for name, view in views.items():
+        rows = np.arange(A) if view is None else view.columns(A)
+        own = [r[rows] if view is None else view.obs(r[rows]) for r in records]
+        parts = [a[name] if view is not None and view.action is not specs[1] else a for a in actions]
+        played[name] = Played(specs[0] if view is None else view.observation, np.concatenate(own),
+                              np.concatenate([s[rows] for s in starts]), np.zeros((steps * len(rows), 0)),
+                              _rows(parts, rows), rows=len(rows))
+    return played
+
+
+def _rows(actions: list, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The actions of ``rows`` of each step, as a vector env takes them -> {output name: [T * rows, ...]}."""
+    first = actions[0]
+    if isinstance(first, dict):
+        return {f"action.{path}": np.concatenate([a[path][rows] for a in actions]) for path in first}
+    if isinstance(first, tuple):
+        return {f"action[{i}]": np.concatenate([a[i][rows] for a in actions]) for i in range(len(first))}
+    return {"action": np.concatenate([np.asarray(a)[rows] for a in actions])}
+
+
 def feeds(card: dict, played: Played, batched: bool) -> dict[str, np.ndarray]:
     """The inputs of the file ``card`` describes for the steps of ``played``: [T, 1, ...] one step after another
     (a recurrent policy), or with ``batched`` [1, T, ...], every step a row of one batch (a feedforward one)."""
-    T = len(played.records)
+    N, B = len(played.records), played.rows
+    T = N // B
     laid = {}
     for entry in card["inputs"]:
         name = entry["name"]
@@ -104,8 +164,8 @@ def feeds(card: dict, played: Played, batched: bool) -> dict[str, np.ndarray]:
             value = np.transpose(value, (0, 2, 3, 1))
         value = np.ascontiguousarray(value, np.dtype(entry["dtype"]))
         assert value.dtype == np.dtype(entry["dtype"]), (name, value.dtype, entry)
-        laid[name] = value.reshape(1, T, *value.shape[1:]) if batched else value.reshape(T, 1, *value.shape[1:])
-    laid["_starts"] = played.starts.reshape(1, T) if batched else played.starts.reshape(T, 1)
+        laid[name] = value.reshape(1, N, *value.shape[1:]) if batched else value.reshape(T, B, *value.shape[1:])
+    laid["_starts"] = played.starts.reshape(1, N) if batched else played.starts.reshape(T, B)
     return laid
 
 
@@ -120,7 +180,7 @@ def compare(card: dict, got: dict[str, np.ndarray], played: Played) -> dict[str,
             continue
         value = np.asarray(got[name])
         assert value.dtype == np.dtype(entry["dtype"]), f"{name}: dtype {value.dtype}, the card says {entry['dtype']}"
-        value = value.reshape(T, *value.shape[2:])
+        value = value.reshape(T, *value.shape[2:])  # [steps * rows, ...] either way it was laid out
         expected = played.actions[name]
         assert value.shape == expected.shape, f"{name}: shape {value.shape}, lockstep's {expected.shape}"
         if np.dtype(entry["dtype"]).kind in "iub":

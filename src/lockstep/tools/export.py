@@ -213,6 +213,24 @@ class ExportedPolicy(nn.Module):
         return tuple(found)
 
 
+def _keep_inputs(path: Path, module: ExportedPolicy) -> None:
+    """Give the ONNX graph at ``path`` every input of the card, in its order: the exporter drops the inputs the
+    graph does not read (a ``global_state`` leaf that only the critic reads), and a caller feeds what the card
+    lists."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path))
+    present = {value.name: value for value in model.graph.input}
+    if len(present) == len(module.inputs()):
+        return
+    ordered = [present.get(name) or helper.make_tensor_value_info(
+        name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape)) for name, shape, dtype in module.inputs()]
+    del model.graph.input[:]
+    model.graph.input.extend(ordered)
+    onnx.save(model, str(path))
+
+
 _CHECKED = """import torch
 from typing import Tuple
 
@@ -364,6 +382,7 @@ def export_policy(policy: Loaded, fmt: str, out: Path, sample: bool = False) -> 
             outputs = [name for name, _, _ in module.outputs()]
             torch.onnx.export(module, example, str(out), input_names=names, output_names=outputs, opset_version=OPSET,
                               dynamo=False, dynamic_axes={name: {0: BATCH} for name in names + outputs})
+            _keep_inputs(out, module)
         elif fmt == "torchscript":
             torch.jit.save(_checked(torch.jit.trace(module, example, check_trace=False), module), str(out))
         else:

@@ -165,18 +165,28 @@ def test_a_run_of_several_policies_exports_one_file_per_policy(tmp_path):
     from lockstep.learner.episodes import EvalError
 
     run_dir = tmp_path / "run"
-    case = Case(observation={"box": [3]}, action={"discrete": 2}, agents=2, policies=True, length=4)
+    # the critic reads the env's global state beside each agent's observation; the actor, and so the file, does not
+    case = Case(observation={"box": [3]}, action={"discrete": 2}, agents=2, policies=True, length=4,
+                critic_input="global")
     config = case.config(run_dir)
     config.run.audit = False
     train(config, run_dir)
     with pytest.raises(EvalError, match="2 policies .*--policy NAME"):
         export.export(run_dir, "onnx", tmp_path / "one.onnx")
     (first,) = export.export(run_dir, "onnx", tmp_path / "first.onnx", policy="first")
-    assert json.loads(Path(f"{first}.json").read_text())["policy"] == "first"
+    card = json.loads(Path(f"{first}.json").read_text())
+    assert card["policy"] == "first"
+    import onnxruntime
+
+    # every input of the card, the one the graph does not read too (the exporter drops such inputs)
+    session = onnxruntime.InferenceSession(str(first), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == [i["name"] for i in card["inputs"]]
+    assert "obs.global_state" in [i["name"] for i in card["inputs"]]
     written = export.export(run_dir, "torchscript", tmp_path / "all")
     assert sorted(path.name for path in written) == ["first.pt", "others.pt"]
     card = json.loads(Path(f"{written[0]}.json").read_text())
     # one agent's observation as its slot gives it: its own leaves and whether it still takes part
-    assert [i["name"] for i in card["inputs"]] == ["obs.agent_active", "obs.observation"]
+    assert [i["name"] for i in card["inputs"]] == ["obs.agent_active", "obs.agent_id", "obs.observation",
+                                                   "obs.global_state"]
     with pytest.raises(EvalError, match="--policy 'nobody'"):
         export.export(run_dir, "onnx", tmp_path / "x.onnx", policy="nobody")

@@ -438,6 +438,11 @@ def export(run_dir: Path, fmt: str, out: Path, checkpoint: str | None = None, po
     with its card (``FILE.json``); the files written."""
     if fmt not in FORMATS:
         raise EvalError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "onnx":
+        try:
+            import onnx  # noqa: F401  (the graph's inputs are completed with it: ``_keep_inputs``)
+        except ImportError:
+            raise EvalError("--format onnx needs the onnx package: pip install -e '.[export]'") from None
     loaded, source = load_policies(run_dir, checkpoint)
     names = [p.name for p in loaded]
     if policy is not None:

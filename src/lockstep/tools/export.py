@@ -323,10 +323,10 @@ def load_policies(run_dir: Path, checkpoint: str | None = None) -> tuple[list[Lo
     stored = trainer.get("policies") or {SHARED_POLICY: trainer}
     if sorted(stored) != sorted(specs):
         raise EvalError(f"{path} holds the policies {sorted(stored)}, the run's config {sorted(specs)}")
+    from lockstep.learner.team import policy_config
+
     loaded = []
     for name, (observation, action) in specs.items():
-        from lockstep.learner.team import policy_config
-
         mean, var = stored_moments(stored[name].get("obs_rms"))
         policy_cfg = policy_config(config, name) if name != SHARED_POLICY else config
         try:

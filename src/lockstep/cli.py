@@ -326,7 +326,7 @@ HELP = {
                "Loads RUN_DIR's policy as eval does and writes one file that takes the env's observation and returns\n"
                "the env's action, normalization, encodings, masks and clipping baked in, and beside it FILE.json,\n"
                "its card: the spaces, the input and output names, shapes and dtypes (docs/deploy.md). Deterministic\n"
-               "(the most likely action) unless --sample; onnx needs pip install -e '.[export]' to run the file.",
+               "(the most likely action) unless --sample. --format onnx needs pip install -e '.[export]'.",
                "lockstep export runs/NAME --format onnx --out cartpole.onnx\n"
                "lockstep export runs/NAME --format torchscript --checkpoint best --out policy.pt\n"
                "lockstep export runs/TEAM --format onnx --out exported/   # several policies: exported/NAME.onnx"),

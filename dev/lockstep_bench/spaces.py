@@ -17,10 +17,12 @@ hypothesis strategies below) is a small env of ``lockstep.envs.generated`` in ge
   its own; ``env.obs_keys`` is then not drawn, as lockstep refuses it with several policies).
 
 ``run_case`` trains it in process for two iterations with the audit trail, then requires ``lockstep audit``
-to PASS (every policy's trail) and ``lockstep eval`` to play an episode (of many agents: every agent's return,
-each acting with its own policy); for many agents, the audit must have seen inactive steps (agents left in
-every unroll). A case lockstep refuses by design (``expected_refusal``: a mask leaf for an action without a
-categorical part) must be refused before training with that error, a ValueError naming it. Anything else is a
+to PASS (every policy's trail), ``lockstep eval`` to play an episode (of many agents: every agent's return,
+each acting with its own policy) and ``lockstep export`` to write ONNX (of many agents: a file per policy) that
+onnxruntime runs to the actions of ``lockstep eval --deterministic`` on a few steps (``parity``); for many
+agents, the audit must have seen inactive steps (agents left in every unroll). A case lockstep refuses by design
+(``expected_refusal``: a mask leaf for an action without a categorical part) must be refused before training with
+that error, a ValueError naming it. Anything else is a
 failure: an exception, a run that does not end within ``timeout_s``, an audit that fails.
 
 ``tests/integration/test_generated_spaces.py`` runs a few seeded examples in the suite; this command runs many
@@ -311,10 +313,36 @@ def run_case(case: Case, run_dir: Path, timeout_s: float = 120.0) -> Outcome:
                 return outcome("failed", f"eval: played {played}")
             if case.agents and len(played[0].returns) != case.agents:  # every agent's return, until it left
                 return outcome("failed", f"eval: returns of {sorted(played[0].returns)}, not of {case.agents} agents")
+            stage = "export"
+            _export(case, run_dir)
         return outcome("passed")
     except Exception as err:  # every error is the example's outcome, a timeout too
         detail = "".join(traceback.format_exception_only(type(err), err)).strip()
         return outcome("failed", f"{stage}: {detail[-2000:]}")
+
+
+def _export(case: Case, run_dir: Path) -> None:
+    """``lockstep export`` of the run as ONNX, a file per policy, each acting as ``lockstep eval --deterministic``
+    does in ``PARITY_STEPS`` steps (``parity``)."""
+    from lockstep.tools.export import export
+    from lockstep_bench import parity
+
+    if case.agents:
+        written = export(run_dir, "onnx", run_dir / "exported")
+        expected = 2 if case.policies else 1
+        if len(written) != expected or not all(Path(f"{path}.json").is_file() for path in written):
+            raise AssertionError(f"exported {written}, not {expected} files with their cards")
+        plays = parity.reference_parallel(run_dir, PARITY_STEPS, seed=1)
+    else:
+        written = export(run_dir, "onnx", run_dir / "policy.onnx")
+        plays = {"shared": parity.reference(run_dir, PARITY_STEPS, seed=1)}
+    for path in written:
+        card = json.loads(Path(f"{path}.json").read_text())
+        played = plays[card["policy"]]
+        parity.compare(card, parity.run_here("onnx", path, parity.feeds(card, played, not card["recurrent"])), played)
+
+
+PARITY_STEPS = 4
 
 
 # ---- the benchmark ----

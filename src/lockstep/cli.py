@@ -255,6 +255,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                            out=args.out, opponent=args.opponent, torch_threads=args.torch_threads)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from lockstep.tools import export
+
+    return export.main(Path(args.run_dir), fmt=args.format, out=args.out, checkpoint=args.checkpoint,
+                       policy=args.policy, sample=args.sample)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``lockstep sweep``: Optuna is an extra, imported only here."""
     from lockstep.sweep import spec as spec_lib
@@ -319,6 +326,14 @@ HELP = {
              "lockstep eval runs/NAME --episodes 20 --deterministic\n"
              "lockstep eval runs/NAME --episodes 3 --video videos/   # videos/episode-000.mp4, ...\n"
              "lockstep eval runs/NAME --checkpoint best   # a run with --eval-every: its best evaluated version"),
+    "export": ("write a trained policy as ONNX or TorchScript that runs without lockstep",
+               "Loads RUN_DIR's policy as eval does and writes one file that takes the env's observation and returns\n"
+               "the env's action, normalization, encodings, masks and clipping baked in, and beside it FILE.json,\n"
+               "its card: the spaces, the input and output names, shapes and dtypes (docs/deploy.md). Deterministic\n"
+               "(the most likely action) unless --sample. --format onnx needs pip install -e '.[export]'.",
+               "lockstep export runs/NAME --format onnx --out cartpole.onnx\n"
+               "lockstep export runs/NAME --format torchscript --checkpoint best --out policy.pt\n"
+               "lockstep export runs/TEAM --format onnx --out exported/   # several policies: exported/NAME.onnx"),
     "plot": ("learning curves: the mean and min-max of runs that share a config",
              "Reads each RUN_DIR's metrics.csv, groups the runs whose config.yaml differs only in its run\n"
              "section, and draws each group against env steps and/or wall time (pip install -e '.[plot]').",
@@ -411,6 +426,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "learning player's games, and the games the opponent decided before it moved "
                         "(decided_before_move, no episodes)")
     p.set_defaults(func=cmd_eval)
+
+    p = _command(sub, "export")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (its config.yaml and checkpoints/)")
+    p.add_argument("--checkpoint", metavar="final|best|FILE",
+                   help="checkpoint to export: final (default: checkpoints/final.pt, else the newest iter_N.pt), best "
+                        "(checkpoints/best.pt) or a file")
+    p.add_argument("--policy", metavar="NAME", help="a run of several policies: the one to export (default: all, "
+                                                    "into the folder --out)")
+    p.add_argument("--format", required=True, choices=["onnx", "torchscript"], help="the file's format")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="the file to write (its card: FILE.json); a folder: one file per policy, NAME.onnx or NAME.pt")
+    p.add_argument("--sample", action="store_true",
+                   help="sample as lockstep does from a noise input (uniforms, docs/deploy.md) instead of taking "
+                        "the most likely action")
+    p.set_defaults(func=cmd_export)
 
     p = _command(sub, "plot")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their metrics.csv)")

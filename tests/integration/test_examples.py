@@ -49,3 +49,25 @@ def test_a_policy_that_cannot_be_built_again_is_refused_by_name():
     config.model.policy = "builtins:slice"  # a callable of three arguments that does not return a Policy
     with pytest.raises(TypeError, match="not a lockstep.Policy"):
         build_policy(spec.observation, spec.action, config.model)
+
+
+def test_deploy_onnx_plays_an_exported_cartpole_policy_to_lockstep_evals_returns(tmp_path):
+    pytest.importorskip("onnxruntime")  # the export extra
+    from conftest import learner_config
+
+    from lockstep.launch.local import train
+    from lockstep.tools.eval import evaluate
+    from lockstep.tools.export import export
+
+    run_dir = tmp_path / "run"
+    train(learner_config({"actors.envs_per_actor": 2, "actors.transport": "inprocess", "ppo.steps_per_env": 64,
+                          "ppo.total_steps": 512, "model.hidden": [16], "learner.device": "cpu",
+                          "env.normalize_obs": True, "run.run_dir": str(run_dir)}), run_dir)
+    (model,) = export(run_dir, "onnx", tmp_path / "cartpole.onnx")
+    expected = evaluate(run_dir, episodes=5, deterministic=True, seed=3).returns
+    done = subprocess.run([sys.executable, str(EXAMPLES / "deploy_onnx.py"), str(model), "--episodes", "5",
+                           "--seed", "3"], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    played = json.loads(done.stdout.strip().splitlines()[-1])
+    assert played["returns"] == expected.tolist()  # episode by episode, so the means are equal too
+    assert played["return_mean"] == pytest.approx(expected.mean())

@@ -1,6 +1,7 @@
 """Generated spaces end to end: observation and action spaces drawn by hypothesis (``lockstep_bench.spaces``), each
 a small env of ``lockstep.envs.generated`` trained for two iterations in process, ``lockstep audit`` PASSing on
-its trail and ``lockstep eval`` playing an episode; one agent, and PettingZoo slots whose agents leave early.
+its trail, ``lockstep eval`` playing an episode and ``lockstep export``'s ONNX file choosing eval's deterministic
+actions in onnxruntime; one agent, and PettingZoo slots whose agents leave early.
 
 Seeded (``derandomize``): the suite runs the same few examples every time; ``lockstep bench spaces --examples N``
 runs many more. A failure prints the case as JSON; ``Case(**json.loads(...))`` and ``run_case`` replay it.

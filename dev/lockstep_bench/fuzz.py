@@ -381,9 +381,9 @@ class FuzzedLearner:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.actor is not None:
+        if self.actor is not None:  # told that training is over, it exits; after a failed learner it would retry
             try:
-                self.actor.wait(timeout=60)
+                self.actor.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.actor.kill()
                 self.actor.wait()

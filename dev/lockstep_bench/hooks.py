@@ -83,6 +83,9 @@ class JitteredBackend:
         await asyncio.sleep(delay)
         return await self._inner.infer(member, obs, keys, counters, state)
 
+    def check_join(self, member: int, num_envs: int) -> None:
+        self._inner.check_join(member, num_envs)
+
     def join(self, member: int, num_envs: int) -> None:
         self._inner.join(member, num_envs)
 

@@ -236,6 +236,9 @@ class InPlaceBackend:
         self.state_size = trainer.model.state_size
         self.publish()
 
+    def check_join(self, member: int, num_envs: int) -> None:
+        pass  # any number of slots: every request is its own pass
+
     def join(self, member: int, num_envs: int) -> None:
         pass  # every request is its own pass: its shape is its actor's slot count already
 

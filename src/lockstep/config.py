@@ -21,6 +21,7 @@ import dataclasses
 import importlib.resources
 import importlib.util
 import logging
+import numbers
 import sys
 import types
 import typing
@@ -80,8 +81,8 @@ class EnvConfig:
     normalize_obs: bool = setting(False, "keep a running mean/std of observations (of each Box leaf that is not "
                                          "a uint8 image), part of the policy snapshot")
     normalize_reward: bool = setting(False, "scale rewards by the std of the discounted return")
-    clip_obs: float = setting(10.0, "clip observations to this magnitude after normalization")
-    clip_reward: float = setting(10.0, "clip rewards to this magnitude after scaling")
+    clip_obs: float = setting(10.0, "clip observations to this magnitude after normalization", gt=0)
+    clip_reward: float = setting(10.0, "clip rewards to this magnitude after scaling", gt=0)
 
     def vector_kwargs(self) -> dict[str, Any]:
         """What an actor's vector env is built with: ``kwargs``, and for a PettingZoo parallel env ``agent_id`` and
@@ -129,7 +130,7 @@ class ActorsConfig:
     ray_resources: dict[str, float] = setting(
         {}, "launcher ray: custom resources Ray reserves for each actor, e.g. {actor_host: 1}: Ray places actors "
             "only on nodes that offer them (ray start --resources '{\"actor_host\": 8}'); a Ray instance started "
-            "here offers enough for actors.count", flag="--ray-resources")
+            "here offers enough for actors.count", flag="--ray-resources", ge=0)
 
 
 @dataclass
@@ -139,21 +140,21 @@ class PPOConfig:
     steps_per_env: int = setting(128, "T: the actions each env slot takes from one policy version",
                                  flag="--steps-per-env", ge=1)
     total_steps: int = setting(500_000, "env steps to train for", flag="--total-steps", ge=1)
-    lr: float = setting(2.5e-4, "Adam's learning rate", flag="--lr")
+    lr: float = setting(2.5e-4, "Adam's learning rate", flag="--lr", gt=0)
     anneal_lr: bool = setting(True, "decay the learning rate linearly to 0 over the run")
-    gamma: float = setting(0.99, "discount factor")
-    gae_lambda: float = setting(0.95, "GAE's lambda")
+    gamma: float = setting(0.99, "discount factor", ge=0, le=1)
+    gae_lambda: float = setting(0.95, "GAE's lambda", ge=0, le=1)
     epochs: int = setting(4, "passes over each training batch", ge=1)
     minibatches: int = setting(4, "minibatches each pass splits the batch into", ge=1)
-    clip_coef: float = setting(0.2, "the clipped objective's epsilon")
+    clip_coef: float = setting(0.2, "the clipped objective's epsilon", gt=0)
     clip_vloss: bool = setting(True, "clip the value loss as the policy loss is clipped")
-    ent_coef: float = setting(0.01, "entropy bonus coefficient")
-    vf_coef: float = setting(0.5, "value loss coefficient")
-    max_grad_norm: float = setting(0.5, "clip the gradient's global norm to this")
+    ent_coef: float = setting(0.01, "entropy bonus coefficient", ge=0)
+    vf_coef: float = setting(0.5, "value loss coefficient", ge=0)
+    max_grad_norm: float = setting(0.5, "clip the gradient's global norm to this", gt=0)
     norm_adv: bool = setting(True, "normalize advantages per minibatch")
-    adam_eps: float = setting(1e-5, "Adam's epsilon")
+    adam_eps: float = setting(1e-5, "Adam's epsilon", gt=0)
     target_kl: float | None = setting(None, "stop the epochs early when the approximate KL exceeds this "
-                                            "(none: never)")
+                                            "(none: never)", gt=0)
 
 
 @dataclass
@@ -162,9 +163,11 @@ class ModelConfig:
 
     kind: ModelKind = setting("auto", "the network: auto picks the MLP for flat observations and a CNN for images "
                                       "[C, H, W] (nature-cnn from 36 pixels up, else small-cnn)")
-    hidden: list[int] = setting([64, 64], "the MLP's hidden layer sizes")
+    hidden: list[int] = setting([64, 64], "the MLP's hidden layer sizes", ge=1)
     activation: Activation = setting("tanh", "the MLP's activation")
-    init_log_std: float = setting(0.0, "the Gaussian head's initial log standard deviation (Box actions only)")
+    init_log_std: float = setting(0.0, "the Gaussian head's initial log standard deviation (Box actions only; "
+                                       "bounded so that the standard deviation, its exp, is a normal float32)",
+                                  ge=-20, le=20)
     lstm_size: int = setting(0, "> 0: an LSTM of this size after the torso; the learner keeps each env slot's "
                                 "state", ge=0)
     critic_lstm: bool = setting(False, "with model.lstm_size: the critic gets its own LSTM beside the actor's "
@@ -211,7 +214,8 @@ class LearnerConfig:
                                       "from an actor; larger ones are refused", gt=0, le=1e38)
     max_envs_per_actor: int = setting(65_536, "the most envs one actor's hello may bring; a larger hello is refused "
                                               "before anything is allocated for it", ge=1)
-    max_id_length: int = setting(256, "the longest run id, env id or dtype name a hello may carry", ge=1)
+    max_id_length: int = setting(256, "the longest run id, env id, dtype name, agent name or policy name a hello "
+                                      "may carry", ge=1)
     max_space_elements: int = setting(1 << 24, "the most elements a hello's observation or action space may have",
                                       ge=1)
     tls_cert: str = setting("", "PEM certificate chain; with learner.tls_key, the learner serves TLS",
@@ -247,7 +251,7 @@ class SyncConfig:
                                                "(collection overlaps training, lag <= sync.max_lag)", flag="--sync")
     max_lag: int = setting(1, "pipelined: the most versions a sample may lag the version that trains on it "
                               "(0 is sync.strategy strict)", flag="--max-lag", ge=1)
-    stall_s: float = setting(10.0, "a phase collecting longer than this counts as a stall (and is logged)")
+    stall_s: float = setting(10.0, "a phase collecting longer than this counts as a stall (and is logged)", gt=0)
     step_deadline_s: float = setting(300.0, "the step deadline's ceiling: an actor the oldest open phase waits "
                                             "for that sends no step for this long after the learner's last answer "
                                             "is evicted, as if it had disconnected (its unfinished unroll "
@@ -295,18 +299,21 @@ class RunConfig:
 
     name: str = setting("", "run name (empty: <env>-s<seed>-<date>-<time>)", flag="--name")
     run_dir: str = setting("", "run directory (empty: runs/<name>)", flag="--run-dir")
-    seed: int = setting(1, "the run's seed", flag="--seed")
-    thresholds: list[float] = setting([], "returns whose first crossing summary.json records (empty: the env's "
-                                          "reward_threshold)")
+    seed: int = setting(1, "the run's seed (the welcome carries it to the actors as an unsigned 64-bit integer)",
+                        flag="--seed", ge=0, le=2**64 - 1)
+    thresholds: list[float] = setting([], "returns whose first crossing summary.json records, any numbers (empty: "
+                                          "the env's reward_threshold)")
     checkpoint_every: int = setting(0, "iterations between periodic checkpoints (0: none by count)",
                                     flag="--checkpoint-every", ge=0)
     checkpoint_minutes: float = setting(0.0, "minutes between periodic checkpoints (0: none by time)",
                                         flag="--checkpoint-minutes", ge=0)
-    keep_checkpoints: int = setting(3, "periodic checkpoints kept (the newest); final.pt is always kept")
+    keep_checkpoints: int = setting(3, "periodic checkpoints kept (the newest, so at least the one just written: "
+                                       "what a crashed run resumes from); final.pt is always kept", ge=1)
     progress: bool = setting(True, "show a live progress display", flag="--no-progress")
-    stop_at_return: float | None = setting(None, "stop early once the running mean return reaches this",
-                                           flag="--stop-at-return")
-    time_limit_s: float | None = setting(None, "stop after this many seconds of training, whatever the step count")
+    stop_at_return: float | None = setting(None, "stop early once the running mean return reaches this, any number "
+                                                 "(none: never)", flag="--stop-at-return")
+    time_limit_s: float | None = setting(None, "stop after this many seconds of training, whatever the step count "
+                                               "(none: no limit)", gt=0)
     eval_every: int = setting(0, "evaluate while training every N iterations (0: never): run.eval_episodes episodes "
                                  "of the newest policy version on an env of its own, in a process of its own, which "
                                  "training never waits for (an evaluation due while one runs is skipped)",
@@ -317,6 +324,10 @@ class RunConfig:
     eval_video_every: int = setting(0, "with run.eval_every: record every M-th evaluation's episodes as "
                                        "RUN_DIR/videos/iter_NNNNNN/episode-NNN.mp4 where the env renders (0: never; "
                                        "pip install -e '.[video]')", ge=0)
+    eval_rank_by: str = setting("trained", "which return of an evaluation while training is its eval_return_mean, "
+                                           "ranking versions for checkpoints/best.pt: trained (the agents' of the "
+                                           "policies that train: every agent's with one policy), team (a PettingZoo "
+                                           "parallel env's episodes' team returns) or a policy's name (its agents')")
     audit: bool = setting(False, "write every training batch and policy version to RUN_DIR/audit/ (see "
                                  "`lockstep audit`)", flag="--audit")
     wandb: bool = setting(False, "also log to Weights & Biases (pip install -e '.[wandb]'; offline into "
@@ -339,6 +350,7 @@ class PolicyConfig:
 
 
 POLICY_KEYS = tuple(f.name for f in dataclasses.fields(PolicyConfig))
+EVAL_RANKINGS = ("trained", "team")  # run.eval_rank_by's values besides a policy's name
 
 
 @dataclass
@@ -436,6 +448,21 @@ class Config:
                 raise ConfigError(message)
         if self.policies:
             self._validate_policies()
+        self._validate_eval_rank_by()
+
+    def _validate_eval_rank_by(self) -> None:
+        """``run.eval_rank_by``: trained, team where there is a team, or one of the run's policies by name."""
+        rank_by = self.run.eval_rank_by
+        if rank_by in EVAL_RANKINGS:
+            if rank_by in self.policies:
+                raise ConfigError(f"run.eval_rank_by {rank_by!r} is both a ranking and the name of a policy; rename "
+                                  f"policies.{rank_by}")
+            if rank_by == "team" and not _parallel_multiagent(self.env.id):
+                raise ConfigError(f"run.eval_rank_by team ranks by a PettingZoo parallel env's team return; "
+                                  f"{self.env.id} is none: use trained")
+        elif rank_by not in self.policies:
+            raise ConfigError(f"run.eval_rank_by must be {', '.join(EVAL_RANKINGS)} or a policy of the run "
+                              f"({', '.join(self.policies) or 'it has none: policies is empty'}), got {rank_by!r}")
 
     def _validate_policies(self) -> None:
         """The ``policies`` mapping: names, agent patterns, each policy's model keys; a parallel env's only."""
@@ -449,8 +476,11 @@ class Config:
                 raise ConfigError(f"policies.{name}.agents must list the agent names (or patterns such as "
                                   f"'adversary_*') it acts for, got {policy.agents!r}")
             for key, value in policy.model.items():
-                check = setting_of(f"model.{key}")
-                check.check(value)
+                declared = setting_of(f"model.{key}")
+                try:
+                    declared.check(value)
+                except ConfigError as err:  # named as the user wrote it: policies.NAME.model.KEY
+                    raise ConfigError(f"policies.{name}.{err}") from None
             if policy.load_policy and not policy.load:
                 raise ConfigError(f"policies.{name}.load_policy names a policy of policies.{name}.load, which is "
                                   "empty")
@@ -505,27 +535,55 @@ class Setting:
         """The allowed values of a ``Literal`` field; empty for any other."""
         return typing.get_args(self.hint) if typing.get_origin(self.hint) is Literal else ()
 
+    @property
+    def numeric(self) -> bool:
+        """Whether the value is a number, or a list or mapping of numbers: what a range can bound."""
+        return _numbers(self.hint)
+
     def check(self, value: Any) -> None:
-        """The one place that says a value is not allowed: not one of the choices, or out of range."""
+        """The one place that says a value is not allowed: not one of the choices, or out of range (for a list or
+        a mapping of numbers: any of its numbers)."""
         if self.choices and value not in self.choices:
             withdrawn = WITHDRAWN.get((self.dotted, value)) if isinstance(value, str) else None
             raise ConfigError(withdrawn or f"{self.dotted} must be one of {', '.join(self.choices)}, got {value!r}")
-        if value is None or isinstance(value, (bool, str, list, dict)):
+        if value is None or isinstance(value, (bool, str)) or not self.range():
             return
-        if ((self.ge is not None and value < self.ge) or (self.gt is not None and value <= self.gt)
-                or (self.le is not None and value > self.le)):
-            raise ConfigError(f"{self.dotted} must be {self.range()}, got {value}")
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        if not all(self._within(item) for item in items):
+            raise ConfigError(f"{self.dotted} must be {self.range()}, got {value!r}")
+
+    def _within(self, number: Any) -> bool:
+        if not isinstance(number, numbers.Real) or isinstance(number, bool) or number != number:  # NaN: no range
+            return False
+        return not ((self.ge is not None and number < self.ge) or (self.gt is not None and number <= self.gt)
+                    or (self.le is not None and number > self.le))
 
     def range(self) -> str:
-        """The declared range as a reader writes it: ``>= 1``, ``> 0 and <= 1``; empty where none is."""
+        """The declared range as a reader writes it: ``>= 1``, ``> 0 and <= 1``, ``each >= 1`` (a list's numbers),
+        ``each value >= 0`` (a mapping's); empty where none is."""
         low = "" if self.ge is None and self.gt is None else (
-            f">= {self.ge:g}" if self.gt is None else f"> {self.gt:g}")
-        high = "" if self.le is None else f"<= {self.le:g}"
-        return " and ".join(part for part in (low, high) if part)
+            f">= {_bound(self.ge)}" if self.gt is None else f"> {_bound(self.gt)}")
+        high = "" if self.le is None else f"<= {_bound(self.le)}"
+        text = " and ".join(part for part in (low, high) if part)
+        origin = typing.get_origin(self.hint)
+        return text and ("each " if origin is list else "each value " if origin is dict else "") + text
 
     def type_name(self) -> str:
         """The type as a reader writes it: ``int``, ``float or none``, ``list of int``, ``one of a, b``."""
         return _type_name(self.hint)
+
+
+def _bound(number: float) -> str:
+    return str(number) if isinstance(number, int) else f"{number:g}"  # an int exactly: the seed's 2**64 - 1
+
+
+def _numbers(hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_numbers(a) for a in args if a is not type(None))
+    if origin in (list, dict):
+        return _numbers(args[-1])
+    return hint in (int, float)  # not bool
 
 
 def _type_name(hint: Any) -> str:
@@ -839,7 +897,7 @@ def reference() -> str:
         "`lockstep train` and `lockstep learner`; the short flags below are the same fields. Later settings win:",
         "the file, then the flags, then each `--set` in order. The resolved tree is written to",
         "`RUN_DIR/config.yaml`. Values are checked when they are set: a field with choices takes only those,",
-        "and a range is checked where one is given.",
+        "and a number only one in its range (`any`: every number is valid, as its help says).",
         "",
         f"Presets: {', '.join(f'`{n}`' for n in preset_names())} (default `{DEFAULT_PRESET}`).",
     ]
@@ -848,7 +906,8 @@ def reference() -> str:
                   "| key | type | default | flag | range | help |", "|---|---|---|---|---|---|"]
         for s in (s for s in SETTINGS if s.section == section):
             lines.append(f"| `{s.dotted}` | {s.type_name()} | `{_yaml_value(s.default)}` | "
-                         f"{f'`{s.flag}`' if s.flag else ''} | {s.range()} | {s.help.replace('|', '/')} |")
+                         f"{f'`{s.flag}`' if s.flag else ''} | {s.range() or ('any' if s.numeric else '')} | "
+                         f"{s.help.replace('|', '/')} |")
     lines += ["", "## policies", "", POLICIES_REFERENCE, "", "| key | type | default | what it is |",
               "|---|---|---|---|"]
     lines += [f"| `policies.NAME.{key}` | {kind} | `{_yaml_value(default)}` | {what} |"
@@ -870,7 +929,7 @@ POLICIES_REFERENCE = (
 POLICY_REFERENCE = (
     ("agents", "list of str", [], "patterns (`*`, `?`, `[seq]`) of the agent names the policy acts for"),
     ("model", "mapping", {}, "keys of the model section that the policy's network has instead of the run's, "
-                             "e.g. `{hidden: [128, 128]}`"),
+                             "e.g. `{hidden: [128, 128]}`, each with the model section's choices and range"),
     ("train", "bool", True, "false: frozen, acting with the parameters it was loaded with and never trained "
                             "(without `load`: its initial parameters)"),
     ("load", "str", "", "a run directory (its final checkpoint) or a checkpoint file the policy starts from: its "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 
@@ -14,11 +15,14 @@ import torch
 from conftest import learner_config
 
 from lockstep import cli
+from lockstep import config as config_lib
 from lockstep.envs import to_records
 from lockstep.envs.departures import LIFETIMES
 from lockstep.launch.inprocess import InProcessActors
 from lockstep.launch.local import train
 from lockstep.launch.restart import RestartPolicy
+from lockstep.learner import checkpoint
+from lockstep.learner import evaluation as while_training
 from lockstep.learner.episodes import (
     SHARED_POLICY,
     TeamEpisode,
@@ -176,23 +180,8 @@ def test_evaluation_while_training_a_parallel_env_writes_per_agent_and_team_retu
                              "run.thresholds": [], "run.eval_every": 1, "run.eval_episodes": 2,
                              "run.eval_video_every": 1000})  # the first evaluation tries a video: departures has none
     run_dir = tmp_path / "run"
-    learner = Learner(config, run_dir)
-    result = {}
-    serving = threading.Thread(target=lambda: result.update(summary=learner.serve()))
-    serving.start()
-    try:
-        learner.wait_ready(timeout=60)
-        InProcessActors(DEPARTURES, 2, [0], RestartPolicy(max_restarts=0),
-                        env_kwargs=config.env.vector_kwargs()).start(learner)
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and serving.is_alive() and not _evaluated(run_dir):
-            time.sleep(0.2)
-    finally:
-        learner.stop()
-        serving.join(timeout=60)
-    assert not serving.is_alive() and "summary" in result
+    result = {"summary": _train_until_evaluated(config, run_dir)}
     rows = [row for row in RunDir(run_dir).metrics() if row["eval_return_mean"] is not None]
-    assert rows, "no evaluation reached metrics.csv within the run"
     for row in rows:  # every agent is in every episode: the team's mean is 3 agents' mean
         team, per_agent = float(row["eval_team_return_mean"]), float(row["eval_return_mean"])
         assert team == pytest.approx(3 * per_agent, rel=1e-4) and 0 <= team <= sum(LIFETIMES.values())
@@ -204,3 +193,80 @@ def test_evaluation_while_training_a_parallel_env_writes_per_agent_and_team_retu
 
 def _evaluated(run_dir) -> bool:
     return any(row["eval_return_mean"] is not None for row in RunDir(run_dir).metrics())
+
+
+def _train_until_evaluated(config, run_dir) -> dict:
+    """Train ``config`` on departures with one in-process actor of 2 envs until an evaluation has reached
+    metrics.csv (at most ``WAIT_S``), then stop the learner: its summary."""
+    learner = Learner(config, run_dir)
+    result = {}
+    serving = threading.Thread(target=lambda: result.update(summary=learner.serve()))
+    serving.start()
+    try:
+        learner.wait_ready(timeout=60)
+        InProcessActors(DEPARTURES, 2, [0], RestartPolicy(max_restarts=0),
+                        env_kwargs=config.vector_kwargs()).start(learner)
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and serving.is_alive() and not _evaluated(run_dir):
+            time.sleep(0.2)
+    finally:
+        learner.stop()
+        serving.join(timeout=60)
+    assert not serving.is_alive() and "summary" in result
+    assert _evaluated(run_dir), "no evaluation reached metrics.csv within the run"
+    return result["summary"]
+
+
+# departures with a policy that trains for a0 (which scores at most 3 an episode) and a frozen one for a1 and a2
+# (up to 6 and 10): the mean over every agent would rank versions by what the frozen policy's agents score
+TWO_POLICIES = {"early": {"agents": ["a0"]}, "rest": {"agents": ["a1", "a2"], "train": False}}
+
+
+@pytest.fixture(scope="module")
+def ranked(tmp_path_factory):
+    """A run of TWO_POLICIES with evaluation while training, stopped after its first evaluation: (its run
+    directory, its summary)."""
+    config = learner_config({"env.id": DEPARTURES, "actors.envs_per_actor": 2, "actors.transport": "inprocess",
+                             "ppo.steps_per_env": 20, "ppo.epochs": 1, "model.hidden": [8], "learner.device": "cpu",
+                             "run.thresholds": [], "run.eval_every": 1, "run.eval_episodes": 2})
+    config.policies = config_lib.from_dict({"policies": TWO_POLICIES}).policies
+    run_dir = tmp_path_factory.mktemp("ranked") / "run"
+    return run_dir, _train_until_evaluated(config, run_dir)
+
+
+def test_with_several_policies_evaluations_rank_by_the_trained_policies_returns(ranked):
+    run_dir, summary = ranked
+    last = summary["evaluation"]["last"]
+    assert last["return_mean"] == pytest.approx(last["policies"]["early"]) and last["rank_by"] == "trained"
+    best = checkpoint.load(run_dir / "checkpoints" / "best.pt")["eval"]
+    assert best["return_mean"] == pytest.approx(best["policies"]["early"]) and best["rank_by"] == "trained"
+    for row in RunDir(run_dir).metrics():  # a0's returns: it stays 3 steps, paid 1 a step at most
+        assert row["eval_return_mean"] is None or 0 <= float(row["eval_return_mean"]) <= LIFETIMES["a0"]
+
+
+def test_the_frozen_policys_steps_are_acted_and_never_counted_as_trained(ranked):
+    _, summary = ranked
+    policies = summary["policies"]
+    assert summary["transitions_trained"] == policies["early"]["samples"] > 0
+    assert summary["transitions_frozen"] == policies["rest"]["samples"] == 2 * policies["early"]["samples"]
+    assert summary["transitions_collected"] == (summary["transitions_trained"] + summary["transitions_frozen"]
+                                                + summary["dropped_transitions"])
+
+
+@pytest.mark.parametrize("rank_by", ["team", "early", "rest"])
+def test_evaluations_rank_by_the_team_or_the_policy_that_run_eval_rank_by_names(ranked, tmp_path, rank_by):
+    run_dir, _ = ranked
+    config = RunDir(run_dir).config()
+    config.run.eval_rank_by = rank_by
+    config_lib.save(config, tmp_path / "config.yaml")  # a run directory of its own for the evaluation's best.pt
+    final = checkpoint.load(run_dir / "checkpoints" / "final.pt")["trainer"]
+    request = {"iteration": final["iteration"], "env_steps": final["samples"]["early"], "version": final["version"],
+               "video": False, "oldest": None, "parameters": None, "obs_rms": None,
+               "policies": {name: {"parameters": {key: value.numpy() for key, value in policy["model"].items()},
+                                   "obs_rms": policy["obs_rms"], "version": policy["version"]}
+                            for name, policy in final["policies"].items()}}
+    result = while_training._Evaluation(tmp_path, 5, 2, True, -math.inf).evaluate(request)
+    assert result.error is None
+    expected = result.team_return_mean if rank_by == "team" else result.policies[rank_by]
+    assert result.return_mean == pytest.approx(expected) and result.best and result.rank_by == rank_by
+    assert checkpoint.load(tmp_path / "checkpoints" / "best.pt")["eval"]["rank_by"] == rank_by

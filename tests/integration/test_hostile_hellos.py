@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -20,13 +21,11 @@ from lockstep.config import Config
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.grpc import security
 from lockstep.transport.grpc.client import Connection, LearnerRefused
+from lockstep.transport.messages import MAX_AGENTS
 from lockstep.transport.shm.client import LocalConnection
 
 ITERATIONS = 24  # of 4 envs x 64 steps
 TOTAL_STEPS = ITERATIONS * 4 * 64
-# A run that trains for this long whatever the machine's speed, so that thirty absurd hellos (a few seconds
-# on a slow machine) come while it trains: on a fast one, 24 iterations were over before they were.
-TRAIN_FOR_S = 15.0
 
 
 class LearnerProcess:
@@ -86,6 +85,22 @@ class LearnerProcess:
         assert self.proc.returncode == 0, "".join(self.lines)
         return json.loads((self.run_dir / "summary.json").read_text()), actor_out
 
+    def stop(self) -> tuple[dict, str]:
+        """End the run as Ctrl-C would (SIGTERM: the learner writes its summary and exits 143), the actor first so
+        that it says nothing of the learner's end; the summary and what the actor printed until then."""
+        self.actor.kill()
+        actor_out, _ = self.actor.communicate(timeout=60)
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=120) == 128 + signal.SIGTERM, "".join(self.lines)
+        return json.loads((self.run_dir / "summary.json").read_text()), actor_out
+
+    def wait_rows(self, rows: int, timeout: float = 180.0) -> None:
+        """Wait until metrics.csv has more than ``rows`` rows: the run trained on."""
+        deadline = time.monotonic() + timeout
+        while self.rows() <= rows:
+            assert time.monotonic() < deadline and self.proc.poll() is None, "".join(self.lines)
+            time.sleep(0.2)
+
     def kill(self) -> None:
         for proc in (self.actor, self.proc):
             if proc.poll() is None:
@@ -102,10 +117,11 @@ def learner(tmp_path, free_port, monkeypatch):
 
 
 @pytest.fixture
-def timed_learner(tmp_path, free_port, monkeypatch):
-    """A learner that trains for ``TRAIN_FOR_S`` seconds (its step budget out of reach)."""
+def endless_learner(tmp_path, free_port, monkeypatch):
+    """A learner whose step budget is out of reach: it trains until the test stops it, however long the hellos
+    take on this machine (a time limit raced them: on a slow machine the run ended before the hellos did)."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    running = LearnerProcess(tmp_path, free_port, ("--total-steps", str(10**9), "--run.time_limit_s", str(TRAIN_FOR_S)))
+    running = LearnerProcess(tmp_path, free_port, ("--total-steps", str(10**9)))
     yield running
     running.kill()
 
@@ -123,6 +139,10 @@ def _absurd_hellos() -> list[tuple[str, str, pb.Hello]]:
     action.action_space.n = 2**62
     cases += [("hello.observation_space", limits.max_space_elements, observation),
               ("hello.action_space", limits.max_space_elements, action)]
+    many, long = hello(actor_id=16), hello(actor_id=17)
+    many.agent_policies.update({f"agent_{i}": "p" for i in range(MAX_AGENTS + 1)})
+    long.agent_policies["a" * 1_000_000] = "p"
+    cases += [("hello.agent_policies", MAX_AGENTS, many), ("hello.agent_policies", limits.max_id_length, long)]
     return [(field, str(limit), message) for field, limit, message in cases]
 
 
@@ -134,8 +154,8 @@ def _refusal(connect) -> LearnerRefused:
 
 @pytest.mark.slow
 def test_absurd_hellos_over_grpc_and_the_unix_socket_are_refused_by_name_and_the_learners_memory_stays_flat(
-        timed_learner):
-    learner = timed_learner
+        endless_learner):
+    learner = endless_learner
     learner.wait_training()
     token = security.local_token(learner.address)
     assert token
@@ -150,9 +170,9 @@ def test_absurd_hellos_over_grpc_and_the_unix_socket_are_refused_by_name_and_the
     grown = learner.rss_mb() - before
     assert grown < 200, f"the learner's RSS grew by {grown:.0f} MB over the refused hellos"
     at_the_end_of_the_hellos = learner.rows()
-    summary, actor_out = learner.finish()
-    assert summary["time_limited"], summary  # its time limit ended it
-    assert summary["iterations"] > at_the_end_of_the_hellos, actor_out  # and it trained on after the hellos
+    learner.wait_rows(at_the_end_of_the_hellos)  # it trains on after the hellos
+    summary, actor_out = learner.stop()
+    assert summary["iterations"] > at_the_end_of_the_hellos, actor_out
     assert "refused" not in actor_out
 
 

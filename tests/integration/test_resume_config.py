@@ -1,9 +1,10 @@
 """What a resume may change, and the files it trusts (issue 20, item 11).
 
 A resume that changes what the checkpoint's parameters mean (its env.* or model.* settings: the
-environment, observation normalization, the architecture, recurrent or not) is refused naming the
-key; a harmless change (a larger step budget, logging, checkpoints) goes on. ``config.yaml`` is written
-atomically, and every metrics.csv row a checkpoint claims is fsynced before that checkpoint is written.
+environment, observation normalization, the architecture, recurrent or not; with several policies, which
+policies there are, each one's agents and network) is refused naming the key; a harmless change (a
+larger step budget, logging, checkpoints, freezing a policy) goes on. ``config.yaml`` is written atomically,
+and every metrics.csv row a checkpoint claims is fsynced before that checkpoint is written.
 Runs are real ``lockstep train`` commands (env loops inside the learner process), run in this process.
 """
 
@@ -13,6 +14,7 @@ import dataclasses
 import os
 
 import pytest
+import yaml
 
 from lockstep import cli
 from lockstep import config as config_lib
@@ -67,6 +69,50 @@ def test_only_the_keys_that_decide_what_the_parameters_mean_are_compared():
         with pytest.raises(ConfigError, match=f"--resume: {key} is"):
             checkpoint.check_resume(stored, dataclasses.asdict(changed), checkpoint.Path("iter_000001.pt"))
     checkpoint.check_resume(None, dataclasses.asdict(changed), checkpoint.Path("old.pt"))  # nothing stored
+
+
+KINDS_POLICIES = {"a": {"agents": ["scout_0"]}, "b": {"agents": ["scout_1"]}, "p": {"agents": ["pilot_*"]}}
+
+
+def _edit_policies(run_dir, change) -> None:
+    """Rewrite RUN_DIR/config.yaml with ``change`` applied to its policies (how a user changes them: no flag
+    sets a policy)."""
+    path = run_dir / "config.yaml"
+    config = config_lib.load(path)
+    change(config.policies)
+    config_lib.save(config, path)
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda p: p["a"].model.update(activation="relu"), "policies.a.model.activation is 'relu'"),
+    (lambda p: p["a"].model.update(hidden=[16]), "policies.a.model.hidden is [16]"),
+    # a and b act for agents of one space: swapped, each policy's parameters would act for the other's agent
+    (lambda p: (p["a"].agents.__setitem__(0, "scout_1"), p["b"].agents.__setitem__(0, "scout_0")),
+     "policies.a.agents is ['scout_1']"),
+    (lambda p: p.pop("b") and p["a"].agents.append("scout_1"), "policies are ['a', 'p']"),
+])
+def test_a_resume_that_changes_a_policys_network_agents_or_the_policies_is_refused_naming_the_field(
+        tmp_path, capsys, change, named):
+    config = tmp_path / "kinds.yaml"
+    config.write_text(yaml.safe_dump({"env": {"id": "pettingzoo:lockstep.envs.kinds"}, "policies": KINDS_POLICIES,
+                                      "model": {"hidden": [8]}}))
+    run_dir = tmp_path / "run"
+    train = ["--config", str(config), *ARGS[2:]]  # ARGS without its env
+    assert cli.main(["train", "--run-dir", str(run_dir), *train, "--total-steps", str(2 * 2 * 3 * 16),
+                     "--checkpoint-every", "1"]) == 0
+    saved = (run_dir / "config.yaml").read_text()
+
+    _edit_policies(run_dir, change)
+    assert _resume(run_dir, "--total-steps", str(4 * 2 * 3 * 16)) == 2
+    err = capsys.readouterr().err
+    assert f"--resume: {named}" in err and "but the checkpoint iter_000002.pt was trained with" in err, err
+    assert RunDir(run_dir).summary()["iterations"] == 2  # nothing ran
+
+    # what does not change the parameters' meaning may: here, freezing a policy
+    (run_dir / "config.yaml").write_text(saved)
+    _edit_policies(run_dir, lambda p: setattr(p["b"], "train", False))
+    assert _resume(run_dir, "--total-steps", str(3 * 2 * 3 * 16)) == 0
+    assert RunDir(run_dir).summary()["iterations"] == 3
 
 
 def test_config_yaml_is_written_whole_or_not_at_all(tmp_path, monkeypatch):

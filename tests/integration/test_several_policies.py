@@ -166,3 +166,102 @@ def test_an_actor_started_by_hand_needs_the_learners_policies_and_is_told_so(run
     alone = subprocess.run([*base[:-4], "--env", KINDS, "--retry-for", "0"], capture_output=True, text=True,
                            timeout=120)
     assert alone.returncode != 0 and "lockstep actor --policies" in alone.stderr, alone.stderr[-2000:]
+
+
+def test_a_hand_started_actor_whose_agents_act_for_other_policies_of_the_same_spaces_is_refused_by_name(
+        running_learner):
+    split = {"a": {"agents": ["scout_0"]}, "b": {"agents": ["scout_1"]}, "p": {"agents": ["pilot_*"]}}
+    learner = running_learner(config=_config("grpc", split, **{"actors.count": 1, "run.audit": False}))
+    base = [*lockstep_cmd(), "actor", "--learner", learner.address, "--env", KINDS, "--retry-for", "0"]
+    # a and b act for scouts, whose spaces are the same: only the mapping tells the swap apart
+    swapped = subprocess.run([*base, "--policies", "{a: [scout_1], b: [scout_0], p: ['pilot_*']}"],
+                             capture_output=True, text=True, timeout=120)
+    assert swapped.returncode == 2, swapped.stderr[-3000:]
+    assert "agent scout_0 acts for policy 'b' in this actor, for 'a' on the learner" in swapped.stderr, (
+        swapped.stderr[-3000:])
+    assert "agent scout_1 acts for policy 'a' in this actor, for 'b' on the learner" in swapped.stderr
+    assert "lockstep actor --policies '{a: [scout_0], b: [scout_1], p: [pilot_0]}'" in swapped.stderr
+    accepted = subprocess.Popen([*base, "--policies", "{a: [scout_0], b: [scout_1], p: ['pilot_*']}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not learner.run.metrics() and time.monotonic() < deadline and accepted.poll() is None:
+            time.sleep(0.1)
+        assert learner.run.metrics(), "the actor with the learner's policies never completed a phase"
+    finally:
+        accepted.kill()
+        accepted.wait()
+
+
+DEPARTURES = "pettingzoo:lockstep.envs.departures"  # a0 leaves after 3 steps, a1 after 6; an episode is 10 steps
+
+
+def test_a_policy_whose_agents_have_all_left_for_a_phase_skips_it_and_the_run_goes_on(tmp_path):
+    # T = 5: a0 acts in steps 0-2 of every 10-step episode, so in every second phase policy early has no sample
+    run_dir = tmp_path / "run"
+    policies = {"early": {"agents": ["a0"]}, "rest": {"agents": ["a1", "a2"]}}
+    summary = train(_config("inprocess", policies, **{"env.id": DEPARTURES, "actors.count": 1,
+                                                      "ppo.steps_per_env": 5, "ppo.total_steps": 4 * 2 * 3 * 5}),
+                    run_dir)
+    assert summary["error"] is None and summary["iterations"] == 4
+    rows = RunDir(run_dir).metrics()
+    assert [int(row["policy/early/skipped"]) for row in rows] == [0, 1, 0, 1]
+    assert [int(row["policy/rest/skipped"]) for row in rows] == [0, 0, 0, 0]
+    # a policy that skips a phase keeps to the phase clock: its versions are the run's
+    assert [int(row["policy/early/version"]) for row in rows] == [0, 1, 2, 3]
+    assert summary["policies"]["early"]["version"] == summary["policies"]["rest"]["version"] == 4
+    # a skipped phase is no update: the version it publishes holds the parameters of the one before
+    trail = run_dir / "audit" / "policies" / "early"
+    published = {v: checkpoint.load(trail / f"policy_v{v:06d}.pt")["model"] for v in (1, 2, 3)}
+    assert all(torch.equal(published[2][key], value) for key, value in published[1].items())
+    assert not all(torch.equal(published[3][key], value) for key, value in published[2].items())
+    for policy in policies:  # strict per policy: every sample, of the phases skipped too, its own version's
+        report = audit.check(run_dir, policy=policy)
+        assert report.exit_code == 0 and report.differing == 0, audit.format_report(report)
+
+
+def test_every_policy_anneals_its_learning_rate_over_the_runs_steps(tmp_path):
+    # the scouts take 2 of every 3 samples, the pilot 1: a policy counting its own samples against
+    # ppo.total_steps would end at 1/2 (scouts) or 3/4 (pilot) of its rate instead of the run's last step's
+    run_dir = tmp_path / "run"
+    iterations, lr = 4, 0.003
+    train(_config("inprocess", **{"actors.count": 1, "actors.envs_per_actor": 1, "ppo.steps_per_env": 8,
+                                  "ppo.total_steps": iterations * 3 * 8, "run.audit": False}), run_dir)
+    rows = RunDir(run_dir).metrics()
+    assert len(rows) == iterations
+    # one schedule, the one-policy run's: lr x (1 - the run's steps before the update / ppo.total_steps)
+    expected = [lr * (1 - i / iterations) for i in range(iterations)]
+    assert [float(row["lr"]) for row in rows] == pytest.approx(expected)
+    for policy in POLICIES:
+        assert [float(row[f"policy/{policy}/lr"]) for row in rows] == pytest.approx(expected), policy
+    assert float(rows[-1]["policy/pilots/lr"]) == pytest.approx(lr / iterations)  # the last step before 0
+
+
+def test_a_loaded_policy_acts_with_its_sources_observation_statistics_in_a_run_without_normalization(tmp_path):
+    source = tmp_path / "source"
+    train(_config("inprocess", **{"ppo.total_steps": 8 * 2 * 2 * 3 * T, "env.normalize_obs": True,
+                                  "run.audit": False}), source)
+    stored = checkpoint.load(source / "checkpoints" / "final.pt")["trainer"]["policies"]["pilots"]["obs_rms"]
+    assert stored is not None
+
+    frozen = {**POLICIES, "pilots": {"agents": ["pilot_*"], "train": False, "load": str(source)}}
+    run_dir = tmp_path / "frozen"
+    train(_config("inprocess", frozen, **{"ppo.total_steps": 2 * 2 * 2 * 3 * T, "env.normalize_obs": False}), run_dir)
+    final = checkpoint.load(run_dir / "checkpoints" / "final.pt")["trainer"]["policies"]
+    assert final["scouts"]["obs_rms"] is None  # the run's own policy: no statistics, as the run says
+    kept = final["pilots"]["obs_rms"]
+    assert kept is not None and kept["leaves"].keys() == stored["leaves"].keys()
+    for path, moments in stored["leaves"].items():
+        assert np.array_equal(kept["leaves"][path]["mean"], moments["mean"]), path
+        assert np.array_equal(kept["leaves"][path]["var"], moments["var"]), path
+    # it acted with them: the snapshot it served is the source's, and the behaviour log-probs recompute with it
+    served = checkpoint.load(run_dir / "audit" / "policies" / "pilots" / "policy_v000008.pt")
+    for path, moments in stored["leaves"].items():
+        assert np.array_equal(served["obs_mean"][path], moments["mean"]), path
+    assert audit.check(run_dir, policy="pilots").exit_code == 0
+    # and plays as it played in its source run
+    returns = []
+    for run in (source, run_dir):
+        assert cli.main(["eval", str(run), "--episodes", "3", "--deterministic"]) == 0
+        returns.append(json.loads((run / "eval.json").read_text())["policies"]["pilots"]["mean"])
+    assert returns[1] == returns[0]

@@ -168,8 +168,8 @@ def test_a_trial_worse_than_the_median_is_pruned_and_its_summary_says_so(folder)
     assert trials[0].state.name == "COMPLETE"
     assert trials[1].state.name == "PRUNED" and trials[1].params["ppo.lr"] == 1.0e-8, log
     summary = _summary(out / "trials" / "trial-0001")
-    # decided from the rows before the budget was spent; the run stops at the next row it writes, which on a
-    # fast machine can be its last
+    # decided from the rows before the budget was spent, whenever the sweep read them: the run stops at the next
+    # row it writes, or had written its last (a fast machine) and is judged on its rows all the same
     assert summary["sweep"]["state"] == "pruned" and summary["sweep"]["pruned_at"]["env_steps"] < 8192
     assert summary["sweep"]["pruned_at"]["env_steps"] <= summary["env_steps"] <= 8192
     assert "trial 1: pruned at" in log

@@ -163,7 +163,9 @@ def test_interrupted_train_leaves_no_actor_processes(run_dir):
     finally:
         proc.kill()
     assert proc.returncode == 130, out
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30  # however loaded the machine: the actors notice their learner is gone
+    while [pid for pid in actors if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not [pid for pid in actors if _alive(pid)], f"orphaned actors: {actors}"
     assert (run_dir.checkpoints / "final.pt").exists()
 

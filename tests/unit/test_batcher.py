@@ -69,21 +69,22 @@ def test_flushes_at_once_when_every_expected_request_is_in(snapshot):
 
 
 def test_flushes_on_the_timeout_when_fewer_requests_arrive(snapshot):
-    batcher = Batcher(lambda: snapshot, max_batch=1000, max_wait_s=0.05, expected=lambda: 3)
+    batcher = Batcher(lambda: snapshot, max_batch=1000, max_wait_s=0.5, expected=lambda: 3)
     reqs = [request(1, 0), request(2, 10)]
 
     async def main():
         loop = asyncio.get_running_loop()
         start = loop.time()
         tasks = [asyncio.create_task(batcher.infer(*r)) for r in reqs]
-        await asyncio.sleep(0.01)
+        for _ in range(3):  # let both requests reach the batcher, without waiting on the clock that flushes them
+            await asyncio.sleep(0)
         waiting = not any(t.done() for t in tasks) and batcher.forward_passes == 0
         results = await asyncio.gather(*tasks)
         return waiting, loop.time() - start, results
 
     waiting, elapsed, results = run(main())
     assert waiting  # two of three expected requests do not flush by themselves
-    assert elapsed >= 0.05
+    assert elapsed >= 0.5
     assert batcher.forward_passes == 1 and batcher.rows_inferred == 3
     for result, req in zip(results, reqs):
         assert_answers(result, snapshot, req)

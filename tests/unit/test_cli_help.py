@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import lockstep_cmd
@@ -50,11 +49,10 @@ def test_env_help_names_the_id_schemes(capsys, name):
 
 @pytest.mark.parametrize("command", [["train", "--no-progress"], ["actor", "--learner", "127.0.0.1:1"]])
 def test_an_unknown_env_id_exits_2_and_suggests_the_registered_id(tmp_path, command):
-    start = time.monotonic()
     result = subprocess.run([*lockstep_cmd(), *command, "--env", "CartPol-v1"], capture_output=True, text=True,
-                            timeout=60, cwd=tmp_path)
+                            timeout=120, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
-    assert time.monotonic() - start < 20
+    assert "reconnecting" not in result.stderr  # refused before the actor tried any learner
     assert "unknown environment 'CartPol-v1'" in result.stderr and "did you mean CartPole-v1" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -4,6 +4,7 @@ allowed values and ranges as declared, moved keys, and the generated reference."
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -432,6 +433,16 @@ def test_a_config_naming_a_reference_design_is_refused_with_where_it_went(tmp_pa
     ("sync.min_unroll", "1.01", "0", ">= 0 and <= 1"),
     ("sync.max_lag", "0", "2", ">= 1"),
     ("model.lstm_size", "-1", "0", ">= 0"),
+    ("sync.stall_s", "0", "0.5", "> 0"),  # 0 would make every phase a stall
+    ("run.keep_checkpoints", "0", "1", ">= 1"),  # 0 deleted each periodic checkpoint as it was written
+    ("ppo.lr", "0", "1e-3", "> 0"),
+    ("ppo.gamma", "1.01", "1", ">= 0 and <= 1"),
+    ("ppo.lr", "nan", "1e-3", "> 0"),  # NaN compares false with every bound, and is in no range
+    ("run.seed", "-1", "0", ">= 0 and <= 18446744073709551615"),  # the welcome's seed is a uint64
+    ("run.seed", str(2**64), str(2**64 - 1), ">= 0 and <= 18446744073709551615"),
+    ("run.time_limit_s", "0", "none", "> 0"),
+    ("model.hidden", "[64, 0]", "[64, 1]", "each >= 1"),
+    ("actors.ray_resources", "{actor_host: -1}", "{actor_host: 0.5}", "each value >= 0"),
 ])
 def test_a_declared_range_is_checked_when_the_value_is_set(dotted, bad, good, wanted):
     c = Config()
@@ -439,6 +450,33 @@ def test_a_declared_range_is_checked_when_the_value_is_set(dotted, bad, good, wa
         set_value(c, dotted, bad)
     set_value(c, dotted, good)
     c.validate()
+
+
+# How a help says that every number is valid where a numeric setting declares no range.
+ANY_VALUE = re.compile(r"\bany (number|integer|return)s?\b")
+
+
+@pytest.mark.parametrize("s", [s for s in SETTINGS if s.numeric], ids=lambda s: s.dotted)
+def test_every_numeric_setting_declares_its_range_or_says_in_its_help_that_any_number_is_valid(s):
+    """A new number, list of numbers or mapping to numbers without ``ge``/``gt``/``le`` fails here until its
+    declaration bounds it or its help says why every value is valid (and the reference shows either)."""
+    assert s.range() or ANY_VALUE.search(s.help), (
+        f"{s.dotted} declares no range: give setting(...) its ge/gt/le, or say in its help that any number is "
+        "valid (e.g. 'any number')")
+    assert f"| {s.range() or 'any'} | {s.help} |" in config_lib.reference()
+
+
+def test_a_mapping_of_numbers_refuses_a_value_that_is_not_one_naming_the_field():
+    with pytest.raises(ConfigError, match=r"^actors[.]ray_resources must be each value >= 0, got \{'gpu': 'x'\}"):
+        set_value(Config(), "actors.ray_resources", {"gpu": "x"})
+
+
+def test_a_policys_model_keys_are_checked_against_the_model_sections_ranges():
+    c = from_dict({"env": {"id": "pettingzoo:lockstep.envs.kinds"},
+                   "policies": {"scouts": {"agents": ["scout_*"], "model": {"hidden": [32, 0]}},
+                                "pilots": {"agents": ["pilot_*"]}}})
+    with pytest.raises(ConfigError, match=r"^policies[.]scouts[.]model[.]hidden must be each >= 1, got \[32, 0\]"):
+        c.validate()
 
 
 def test_none_passes_a_range_where_the_field_allows_none():

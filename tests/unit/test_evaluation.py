@@ -98,8 +98,14 @@ def test_the_end_of_run_lines_name_the_best_evaluation_and_best_pt(tmp_path, cap
 
 
 def test_a_resumed_run_must_beat_the_best_pt_it_has(tmp_path):
-    assert evaluation._stored_best(tmp_path) is None
+    assert evaluation._stored_best(tmp_path, "trained") is None
     figures = evaluation.EvalResult(3, 96, 3, [40.0, 45.0], [40, 45], 0.1).figures()
     checkpoint.save({"trainer": {"iteration": 3}, "eval": {**figures, "deterministic": True, "seed": 5}},
                     tmp_path / "checkpoints" / checkpoint.BEST_FILE)
-    assert evaluation._stored_best(tmp_path) == figures and figures["return_mean"] == 42.5
+    assert evaluation._stored_best(tmp_path, "trained") == figures and figures["return_mean"] == 42.5
+    # a parallel env's best.pt ranked by the team's returns: a run resumed to rank by another's compares with none
+    team = evaluation.EvalResult(3, 96, 3, [9.0], [10], 0.1, team_returns=[9.0], rank_by="team").figures()
+    checkpoint.save({"trainer": {"iteration": 3}, "eval": {**team, "deterministic": True, "seed": 5}},
+                    tmp_path / "checkpoints" / checkpoint.BEST_FILE)
+    assert evaluation._stored_best(tmp_path, "team")["return_mean"] == 9.0
+    assert evaluation._stored_best(tmp_path, "trained") is None

@@ -48,6 +48,23 @@ def test_a_policies_section_that_cannot_work_is_refused_by_name(policies, env, m
         _config(policies, env).validate()
 
 
+@pytest.mark.parametrize("rank_by, policies, env, message", [
+    ("pilot", PATTERNS, KINDS, r"trained, team or a policy of the run \(scouts, pilots\), got 'pilot'"),
+    ("scouts", {}, "CartPole-v1", r"it has none: policies is empty\), got 'scouts'"),
+    ("team", {}, "CartPole-v1", "team return; CartPole-v1 is none: use trained"),
+    ("team", {"team": ["scout_*"], "pilots": ["pilot_*"]}, KINDS, "rename policies.team"),
+])
+def test_the_returns_that_rank_evaluations_are_trained_team_or_a_policy_of_the_run(rank_by, policies, env, message):
+    for accepted in ("trained", "team", "scouts", "pilots"):
+        config = _config({name: {"agents": agents} for name, agents in PATTERNS.items()})
+        config.run.eval_rank_by = accepted
+        config.validate()
+    config = _config({name: {"agents": agents} for name, agents in policies.items()}, env)
+    config.run.eval_rank_by = rank_by
+    with pytest.raises(config_lib.ConfigError, match=message):
+        config.validate()
+
+
 def test_each_agent_goes_to_the_first_policy_that_matches_and_every_policy_must_get_one():
     agents = ["adversary_0", "adversary_1", "agent_0"]
     assert assign_policies(agents, {"hunters": ["adversary_*"], "rest": ["*"]}) == ("hunters", "hunters", "rest")

@@ -440,3 +440,16 @@ def test_the_update_reads_one_frozen_settings_object_of_the_configs_names():
     assert settings == _settings()
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.clip_coef = 0.3
+
+
+def test_an_update_without_a_valid_sample_takes_no_step_and_changes_nothing():
+    # a policy whose agents were all gone for the whole phase: every sample past its agent's leaving
+    model, obs, actions, old_logprob, advantages, returns, old_value = _discrete_batch(B=8)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-5)
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    stats = update(model, optimizer, obs[None], actions[None], np.zeros((1, 8), bool), torch.zeros(8, 0),
+                   np.zeros((1, 8), bool), old_logprob[None], advantages[None], returns[None], old_value[None],
+                   _settings(epochs=2, minibatches=4), generator=torch.Generator().manual_seed(1))
+    assert stats == ppo.UpdateStats(0.0, 0.0, 0.0, 0.0, 0.0, gradient_steps=0, skipped_steps=0)
+    assert all(torch.equal(model.state_dict()[key], value) for key, value in before.items())
+    assert not optimizer.state  # not even Adam's moments saw a step

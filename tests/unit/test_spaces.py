@@ -14,12 +14,15 @@ from lockstep.learner.inference import act
 from lockstep.models import Policy, build_policy
 from lockstep.models.encoders import LeafEncoders, OneHot
 from lockstep.transport import lockstep_pb2 as pb
-from lockstep.transport.codec import CodecError
+from lockstep.transport.codec import CodecError, encode
 from lockstep.transport.messages import (
     DEFAULT_BOUNDS,
     DEFAULT_HELLO_LIMITS,
+    MAX_AGENTS,
     MAX_LEAVES,
+    StepBounds,
     check_hello,
+    hello_from_proto,
     space_from_proto,
     space_to_proto,
     step_from_proto,
@@ -105,6 +108,24 @@ def _hello_space(space: pb.Space) -> pb.Hello:
     return pb.Hello(num_envs=1, observation_space=space, action_space=pb.Space(kind=pb.Space.DISCRETE, n=2))
 
 
+def test_a_hellos_agent_policies_are_bounded_and_arrive_as_sent():
+    space = pb.Space(kind=pb.Space.BOX, shape=[2], dtype="float32", low=encode(np.zeros(2, np.float32)),
+                     high=encode(np.ones(2, np.float32)))
+    sent = {"scout_0": "a", "scout_1": "b", "pilot_0": "p"}
+    assert hello_from_proto(pb.Hello(agent_policies=sent, observation_space=space, action_space=pb.Space(
+        kind=pb.Space.DISCRETE, n=2, dtype="int64"))).agent_policies == sent
+    many = _hello_space(pb.Space(kind=pb.Space.DISCRETE, n=2))
+    many.agent_policies.update({f"agent_{i}": "p" for i in range(MAX_AGENTS + 1)})
+    with pytest.raises(CodecError, match=f"hello.agent_policies: {MAX_AGENTS + 1} agents, over the limit of "
+                                         f"{MAX_AGENTS}"):
+        check_hello(many, DEFAULT_HELLO_LIMITS)
+    for agent, policy in (("a" * 257, "p"), ("scout_0", "p" * 257)):
+        long = _hello_space(pb.Space(kind=pb.Space.DISCRETE, n=2))
+        long.agent_policies[agent] = policy
+        with pytest.raises(CodecError, match="hello.agent_policies: an agent or policy name over the limit of 256"):
+            check_hello(long, DEFAULT_HELLO_LIMITS)
+
+
 def test_a_hellos_tree_is_bounded_before_anything_is_sized_from_it():
     leaf = pb.Space(kind=pb.Space.BOX, shape=[2], dtype="float32")
     many = pb.Space(kind=pb.Space.TREE, leaves=[pb.Leaf(path=f"k{i}", space=leaf) for i in range(MAX_LEAVES + 1)])
@@ -161,6 +182,32 @@ def test_a_step_is_checked_leaf_by_leaf_and_a_bad_leaf_is_named():
                         wrong[:0], np.zeros(0), np.zeros(0, np.int64))
     with pytest.raises(CodecError, match=r"step.observation leaf 'clock': 1 non-finite value"):
         step_from_proto(bad, 2, spec)
+
+
+@pytest.mark.parametrize("space, good, bad, shown", [
+    (gym.spaces.Discrete(4), [3, 0], [4, 0], r"Discrete\(4\)"),
+    (gym.spaces.MultiDiscrete([2, 5]), [[1, 4], [0, 0]], [[1, 5], [0, 0]], r"MultiDiscrete\(\[2, 5\]"),
+    (gym.spaces.MultiBinary(3), [[1, 0, 1], [0, 0, 0]], [[1, 0, 2], [0, 0, 0]], r"MultiBinary"),
+])
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_a_flat_discrete_observation_outside_its_space_is_refused_by_name_sanitized_or_not(space, good, bad, shown,
+                                                                                         sanitize):
+    spec = SpaceSpec.from_space(space)
+    bounds = StepBounds(sanitize=sanitize)
+
+    def step(obs, final_obs=None):
+        obs = np.array(obs, spec.array_dtype)
+        truncated = np.array([final_obs is not None, False])
+        final = obs[:0] if final_obs is None else np.array(final_obs, spec.array_dtype)
+        return step_to_proto(obs, np.zeros(2, np.float32), np.zeros(2, bool), truncated,
+                             np.arange(len(final), dtype=np.int64), final, np.zeros(0), np.zeros(0, np.int64))
+
+    data = step_from_proto(step(good, good[:1]), 2, spec, bounds)
+    assert (data.obs == np.array(good)).all() and (data.final_obs == np.array(good[:1])).all()
+    with pytest.raises(CodecError, match=rf"^step.observation: values outside {shown}"):
+        step_from_proto(step(bad), 2, spec, bounds)
+    with pytest.raises(CodecError, match=rf"^step.final_observation: values outside {shown}"):
+        step_from_proto(step(good, bad[:1]), 2, spec, bounds)
 
 
 def test_the_shared_memory_layout_has_a_field_per_leaf_in_its_own_dtype():

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lockstep import config as config_lib
-from lockstep.learner.session import GAP_DECAY, StepDeadline
+from lockstep.learner.session import GAP_DECAY, WATCH_TICK_MIN_S, StepDeadline, watch_tick
 
 RULE = StepDeadline(ceiling_s=300.0, first_step_s=20.0, floor_s=60.0, factor=10.0)
 
@@ -14,6 +14,17 @@ RULE = StepDeadline(ceiling_s=300.0, first_step_s=20.0, floor_s=60.0, factor=10.
 def test_the_defaults_are_the_rule_of_the_docs():
     assert StepDeadline.of(config_lib.Config().sync) == RULE
     assert RULE.least_s == 20.0
+
+
+def test_the_watchdog_looks_often_enough_for_its_settings_and_never_spins_however_small_they_are():
+    sync = config_lib.Config().sync
+    assert watch_tick(sync) == 1.0  # the defaults: every second
+    sync.stall_s = 0.2
+    assert watch_tick(sync) == 0.1  # half the stall time
+    for tiny in ("stall_s", "step_deadline_s", "first_step_deadline_s", "step_deadline_min_s"):
+        small = config_lib.Config().sync
+        setattr(small, tiny, 1e-9)
+        assert watch_tick(small) == WATCH_TICK_MIN_S, tiny
 
 
 def test_a_member_that_never_stepped_gets_the_first_step_deadline_unless_the_others_are_slow():

@@ -3,6 +3,7 @@ run's rows score, how trials are sized to the cores, and docs/sweeps.md's table 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -114,11 +115,62 @@ def test_list_choices_travel_through_optuna_as_yaml_text():
     ({"pruner/kind": "percentile"}, "pruner.kind: must be one of median, hyperband, none"),
     ({"pruner/warmup": 1.0}, "pruner.warmup: a fraction of the budget"),
     ({"budget/total_steps": 0}, "budget.total_steps: must be at least 1"),
+    ({"seeds": [3, -1]}, "seeds: run.seed must be >= 0"),  # every run of every trial would be refused
+    ({"objective/metric": "policy/predator/episode_return_mean"},
+     "objective.metric: 'policy/predator/episode_return_mean' is a column of a run of several policies"),
 ])
 def test_a_bad_spec_is_refused_naming_the_field(changes, field):
     with pytest.raises(SpecError) as err:
         spec_lib.from_dict(_spec(**changes))
     assert str(err.value).startswith(field), str(err.value)
+
+
+def test_a_first_parameter_set_whose_combination_no_run_accepts_is_refused_before_any_trial(tmp_path):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({"run": {"eval_every": 5}}))
+    data = _spec(base="base.yaml", space={"run.eval_every": [0, 5], "run.eval_video_every": [0, 2]},
+                 first=[{"run.eval_every": 0, "run.eval_video_every": 2}])  # each alone is a valid trial
+    with pytest.raises(SpecError, match=r"^first\[0\]: run[.]eval_video_every records evaluations while training"):
+        spec_lib.from_dict(data, tmp_path / "spec.yaml")
+
+
+KINDS_BASE = {"env": {"id": "pettingzoo:lockstep.envs.kinds"},
+              "policies": {"scouts": {"agents": ["scout_*"]}, "pilots": {"agents": ["pilot_*"]}}}
+
+
+@pytest.mark.parametrize("metric, refused", [
+    ("policy/scouts/episode_return_mean", None),
+    ("policy/pilots/approx_kl", None),
+    ("policy/pilots/skipped", None),
+    ("policy/scout/episode_return_mean", "names the policy 'scout', which is not one of the base's policies "
+                                         "(scouts, pilots)"),
+    ("policy/scouts/return", "'return' is not a column metrics.csv writes for each policy; policy/scouts/ has "
+                             "version, samples, episode_return_mean"),
+    ("policy/scouts", "'' is not a column metrics.csv writes for each policy"),
+])
+def test_an_objective_may_be_one_policys_column_of_the_bases_policies_and_other_names_are_refused(
+        tmp_path, metric, refused):
+    (tmp_path / "kinds.yaml").write_text(yaml.safe_dump(KINDS_BASE, sort_keys=False))
+    data = _spec(base="kinds.yaml", objective={"metric": metric, "value": "mean_last", "last": 2})
+    if refused is None:
+        assert spec_lib.from_dict(data, tmp_path / "spec.yaml").objective.metric == metric
+        return
+    with pytest.raises(SpecError) as err:
+        spec_lib.from_dict(data, tmp_path / "spec.yaml")
+    assert str(err.value).startswith(f"objective.metric: {metric!r}") and refused in str(err.value), str(err.value)
+
+
+def test_a_policys_column_is_scored_from_the_rows_of_a_runs_metrics_csv(tmp_path):
+    from lockstep.observe.metrics import MetricsWriter
+    from lockstep.observe.run_dir import RunDir
+
+    column = "policy/scouts/episode_return_mean"
+    writer = MetricsWriter(tmp_path, tensorboard=False, extra=[column, "policy/pilots/episode_return_mean"])
+    for i, (scouts, pilots) in enumerate([(2.0, 7.0), (4.0, 7.5), (6.0, 8.0)]):
+        writer.write({"iteration": i + 1, "env_steps": 100 * (i + 1), "wall_s": float(i + 1), column: scouts,
+                      "policy/pilots/episode_return_mean": pilots})
+    writer.close()
+    objective = spec_lib.Objective(metric=column, value="mean_last", last=2)
+    assert objective_lib.score(RunDir(tmp_path).metrics(), objective, BUDGET) == 5.0
 
 
 def test_a_grid_has_a_combination_for_every_trial():
@@ -215,6 +267,27 @@ def test_trials_that_would_not_fit_the_cores_run_their_actors_in_process_and_say
     assert layout(kept.base_config(), kept, jobs=2, cores=4).transport is None
 
 
+@pytest.mark.parametrize("changes", [{"set": {"actors.vector": "async"}},  # the base's envs in processes
+                                     {"space/actors.vector": ["sync", "async"]}])  # some trials' envs
+def test_crowded_trials_whose_envs_step_in_processes_of_their_own_keep_their_transport_and_say_why(changes):
+    """The in-process transport cannot hold envs that each step in a process of their own: moving such trials
+    there to fit the cores would make every one of them fail; they keep the base's shared memory instead."""
+    pytest.importorskip("optuna")
+    from lockstep.sweep.runner import layout
+
+    spec = spec_lib.from_dict(_spec(**changes))
+    sized = layout(spec.base_config(), spec, jobs=2, cores=4)
+    assert sized.transport is None, sized.note
+    assert "kept, since the runs cannot step their envs in the learner process" in sized.note
+    assert "actors.vector async" in sized.note
+    for vector in ("sync", "async"):  # what each trial trains is a config lockstep train accepts
+        config = spec.trial_config({"actors.vector": vector}, 1, sized.transport)
+        assert config.actors.transport == "shm"
+    with pytest.raises(SpecError, match=r"\(with actors.transport inprocess, which the sweep gives its runs\): "
+                                        r"actors.vector async steps each env in a process of its own"):
+        spec.check_trials("inprocess")
+
+
 def test_trial_n_proposes_the_same_parameters_for_the_same_seed_whichever_process_asks():
     optuna = pytest.importorskip("optuna")
     from lockstep.sweep.runner import SeededByTrial
@@ -274,3 +347,43 @@ def test_the_pruners_compare_every_seeds_reports_as_steps_of_one_curve():
     assert isinstance(hyperband, optuna.pruners.HyperbandPruner)
     assert (hyperband._min_resource, hyperband._max_resource) == (2, 20)  # 10 points per seed, 2 seeds
     assert isinstance(pruner(spec_lib.from_dict(_spec(pruner={"kind": "none"}))), optuna.pruners.NopPruner)
+
+
+# A stand-in for `lockstep train --config FILE` that writes its whole run at once and exits before the sweep reads
+# anything: 16 rows of 512 env steps, returns growing with ppo.lr (10x slower at lr 1e-8).
+INSTANT_RUN = """
+import csv, json, sys
+from pathlib import Path
+import yaml
+config = yaml.safe_load(Path(sys.argv[sys.argv.index("--config") + 1]).read_text())
+run_dir = Path(config["run"]["run_dir"])
+pace = 10.0 if config["ppo"]["lr"] > 1e-4 else 1.0
+with (run_dir / "metrics.csv").open("w", newline="") as f:
+    rows = csv.writer(f)
+    rows.writerow(["iteration", "env_steps", "wall_s", "episode_return_mean"])
+    for i in range(1, 17):
+        rows.writerow([i, 512 * i, 0.01 * i, pace * i])
+(run_dir / "summary.json").write_text(json.dumps({"env_steps": 512 * 16}))
+"""
+
+
+def test_a_run_that_finishes_before_the_sweep_reads_it_is_judged_on_every_row_as_one_still_training(tmp_path):
+    """The pruner's verdict depends on the rows alone: each point of the budget is scored on the rows up to the
+    first that reached it and reported before the trial completes, however fast the run was."""
+    optuna = pytest.importorskip("optuna")
+    from lockstep.sweep.runner import Sweep
+
+    script = tmp_path / "instant_run.py"
+    script.write_text(INSTANT_RUN)
+    spec = spec_lib.from_dict(_spec(space={"ppo.lr": [5.0e-3, 1.0e-8]}, first=[{"ppo.lr": 5.0e-3}, {"ppo.lr": 1.0e-8}],
+                                    trials=2, budget={"total_steps": 8192},
+                                    pruner={"kind": "median", "startup_trials": 1, "warmup": 0.25, "reports": 8}))
+    study = Sweep(spec, tmp_path / "out", lockstep=[sys.executable, str(script)]).run()
+    complete, pruned = study.get_trials()
+    assert complete.state == optuna.trial.TrialState.COMPLETE and complete.value == 160.0
+    # every point of its budget, each scored on the rows up to the first that reached it (2 rows a point)
+    assert complete.intermediate_values == {k: 20.0 * k for k in range(1, 9)}
+    assert pruned.state == optuna.trial.TrialState.PRUNED, pruned.intermediate_values
+    assert pruned.intermediate_values == {1: 2.0, 2: 4.0}  # judged at the first point past the warmup, as a slow run is
+    summary = json.loads((tmp_path / "out" / "trials" / "trial-0001" / "summary.json").read_text())
+    assert summary["sweep"]["state"] == "pruned" and summary["sweep"]["pruned_at"]["env_steps"] == 2048

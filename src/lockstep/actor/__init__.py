@@ -160,7 +160,8 @@ def _run(opts: ActorOptions, vec) -> int:
     while True:
         hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex,
                          num_envs=vec.num_envs, env_id=opts.env, observation_space=space_to_proto(obs_spec),
-                         action_space=space_to_proto(act_spec))
+                         action_space=space_to_proto(act_spec),
+                         agent_policies=envs_lib.pettingzoo.agent_policies(vec))
         conn = opponents = None
         try:
             conn = _connect(opts, hello)

@@ -51,7 +51,8 @@ class InProcessFraming:
 
     def hello_info(self) -> HelloInfo:
         return HelloInfo(protocol=PROTOCOL, actor_id=self.actor_id, run_id=uuid.uuid4().hex, num_envs=self.num_envs,
-                         env_id=self.env_id, observation=self._obs_spec, action=self._act_spec)
+                         env_id=self.env_id, observation=self._obs_spec, action=self._act_spec,
+                         agent_policies=envs_lib.pettingzoo.agent_policies(self._vec))
 
     async def hello(self) -> HelloInfo:
         return self.hello_info()

@@ -148,7 +148,8 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
     Data-parallel training (several learners) passes ``reduce_gradients(samples)``, called after each
     backward pass to average the gradients over the learners, and ``agree(x)``, the learners' mean of x
     (for the early stop on the KL). Every learner then takes exactly ``minibatches`` steps per epoch,
-    a minibatch without samples contributing zero gradients.
+    a minibatch without samples contributing zero gradients. Alone, an update of no ``units`` (every sample
+    invalid: a policy whose agents were all gone for the phase) is no update: no step, zero statistics.
 
     A minibatch whose loss or gradient is not finite (NaN or inf, e.g. from a reward so large that its
     square overflows) takes no optimizer step: neither the parameters nor the optimizer's moments see
@@ -168,6 +169,8 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer,
     gradients = GradientStep(model, optimizer, settings.max_grad_norm)
     minibatches, target_kl = settings.minibatches, settings.target_kl
     sections = minibatches if reduce_gradients is not None else min(minibatches, units)
+    if sections == 0:
+        return UpdateStats(0.0, 0.0, 0.0, 0.0, 0.0, gradient_steps=0)
     approx_kl: torch.Tensor | float = 0.0  # the last minibatch's
     for _ in range(settings.epochs):
         host_order = torch.randperm(units, generator=generator, device="cpu")

@@ -92,6 +92,12 @@ class EnvSpec:
         """The policies' names, in the order their first agents come (empty: one policy for every slot)."""
         return tuple(dict.fromkeys(self.policy_of))
 
+    @property
+    def agent_policies(self) -> dict[str, str]:
+        """Each agent's policy, agent name -> policy name (empty: one policy for every slot), as an actor's hello
+        carries it (``pettingzoo.agent_policies``)."""
+        return dict(zip(self.agent_names, self.policy_of))
+
 
 VECTOR_MODES = ("sync", "async")  # actors.vector: the actor's envs stepped in its process, or each in its own
 # the schemes whose vector envs are lockstep's own, which actors.vector async cannot put in processes

@@ -312,6 +312,13 @@ def make_vector(module_name: str, num_envs: int, kwargs: dict[str, Any] | None =
     return ParallelSlots(parallel_factory(module_name, kwargs), num_envs, agent_id, mask_key, policies, global_state)
 
 
+def agent_policies(vec: Any) -> dict[str, str]:
+    """Each agent's policy (agent name -> policy name) by which an actor's vector env ``vec`` lays out its slots:
+    what its hello says, so that the learner can refuse a mapping other than its own (``EnvSpec.agent_policies``).
+    Empty unless ``vec`` is a parallel env's slots of several policies."""
+    return dict(zip(vec.agents, vec.policy_of)) if isinstance(vec, ParallelSlots) else {}
+
+
 def _inactive_obs(space: gym.Space, masks: set[str], path: str = "") -> Any:
     """A value of ``space`` for a slot with no agent: zeros in every leaf of a Dict or Tuple at any depth (paths
     as ``envs.spaces`` writes them), ones in the leaves at ``masks`` (the action mask's path, under each policy's

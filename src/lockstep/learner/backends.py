@@ -58,8 +58,13 @@ class InferenceBackend(Protocol):
         ``state`` [k, S]: the slots' state, reset where an episode starts; the result carries the
         state after the step."""
 
+    def check_join(self, member: int, num_envs: int) -> None:
+        """Raise ``Refused`` naming the problem if an actor with ``num_envs`` slots cannot join; changes nothing.
+        ``Sessions.connect`` calls it before anything changes, so that a refused hello leaves no trace."""
+
     def join(self, member: int, num_envs: int) -> None:
-        """An actor with ``num_envs`` slots connected; called before any of its requests."""
+        """An actor with ``num_envs`` slots connected (``check_join`` let it); called before any of its requests.
+        Never refuses."""
 
     def leave(self, member: int) -> None:
         """The actor's connection ended."""
@@ -101,6 +106,9 @@ class SnapshotBackend:
     def current(self) -> PolicySnapshot:
         """The snapshot that serves now (self-play's opponents play it and its predecessors)."""
         return self._snapshot
+
+    def check_join(self, member: int, num_envs: int) -> None:
+        pass  # any number of slots has its rows
 
     def join(self, member: int, num_envs: int) -> None:
         self.batcher.place(member, num_envs)

@@ -173,21 +173,47 @@ class Checkpointer:
 
 # The sections a resumed run must keep as its checkpoint has them: they say what the parameters mean
 # (env: the environment, its spaces and how its observations and rewards are scaled, normalize_obs
-# among them; model: the architecture, recurrent or not). Anything else may change on a resume: the
-# step budget, PPO's hyperparameters, the actors, the learner's address and device, logging, checkpoints.
+# among them; model: the architecture, recurrent or not). So does ``policies``, which ``check_resume``
+# compares policy by policy: which policies there are, in their order (an agent goes to the first whose
+# patterns match it), the agents each acts for, and each one's network (the model section with its own keys
+# over it). Anything else may change on a resume: the step budget, PPO's hyperparameters, the actors, the
+# learner's address and device, logging, checkpoints, and whether a policy trains or is frozen.
 FIXED_ON_RESUME = ("env", "model")
+KEPT = "every env.* and model.* setting of its checkpoint and its policies, each one's agents and model"
 
 
 def check_resume(stored: dict | None, config: dict, path: Path) -> None:
     """Refuse a resume whose ``config`` differs from the ``stored`` config of the checkpoint at ``path`` in a
-    ``FIXED_ON_RESUME`` key: a ``ConfigError`` that names the key, both values and the checkpoint. A key one
-    side lacks (a checkpoint from before it existed) is not compared; nor is anything without a stored config."""
-    for section in FIXED_ON_RESUME if stored is not None else ():
-        old, new = stored.get(section) or {}, config.get(section) or {}
-        for key in sorted(set(old) & set(new)):
-            if old[key] != new[key]:
-                raise ConfigError(
-                    f"--resume: {section}.{key} is {new[key]!r}, but the checkpoint {path.name} was trained with "
-                    f"{old[key]!r}; a resumed run keeps every {', '.join(s + '.*' for s in FIXED_ON_RESUME)} "
-                    f"setting of its checkpoint (they decide what its parameters mean): resume with "
-                    f"{section}.{key} = {old[key]!r}, or start a new run")
+    ``FIXED_ON_RESUME`` key or in what ``policies`` fixes: a ``ConfigError`` that names the key, both values and
+    the checkpoint. A key one side lacks (a checkpoint from before it existed) is not compared; nor is anything
+    without a stored config."""
+    if stored is None:
+        return
+    for section in FIXED_ON_RESUME:
+        _compare(section, stored.get(section) or {}, config.get(section) or {}, path)
+    if "policies" in stored and "policies" in config:
+        _check_policies(stored, config, path)
+
+
+def _check_policies(stored: dict, config: dict, path: Path) -> None:
+    old, new = stored["policies"] or {}, config["policies"] or {}
+    if list(old) != list(new):
+        raise ConfigError(
+            f"--resume: policies are {list(new) or 'none'}, but the checkpoint {path.name} was trained with "
+            f"{list(old) or 'none'}; a resumed run keeps {KEPT} (they decide what its parameters mean and whose "
+            f"they are): resume with the checkpoint's policies, in its order, or start a new run")
+    for name in old:
+        _compare(f"policies.{name}", {"agents": old[name].get("agents")}, {"agents": new[name].get("agents")}, path)
+        # the network the policy has: the model section with its own keys over it (the section itself is
+        # compared above, so a difference here is in the policy's own keys)
+        _compare(f"policies.{name}.model", {**(stored.get("model") or {}), **(old[name].get("model") or {})},
+                 {**(config.get("model") or {}), **(new[name].get("model") or {})}, path)
+
+
+def _compare(prefix: str, old: dict, new: dict, path: Path) -> None:
+    for key in sorted(set(old) & set(new)):
+        if old[key] != new[key]:
+            raise ConfigError(
+                f"--resume: {prefix}.{key} is {new[key]!r}, but the checkpoint {path.name} was trained with "
+                f"{old[key]!r}; a resumed run keeps {KEPT} (they decide what its parameters mean): resume with "
+                f"{prefix}.{key} = {old[key]!r}, or start a new run")

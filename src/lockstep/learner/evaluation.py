@@ -36,10 +36,14 @@ win rates against each (``eval_win_rate_random``, ``eval_win_rate_oldest`` and `
 The learning seat alternates game by game, as in training.
 
 PettingZoo parallel envs (``pettingzoo:MODULE`` with a ``parallel_env()``). The episodes are whole episodes of
-one env, the policy acting for every agent (``episodes.play_parallel``, as ``lockstep eval`` plays them):
-``eval_return_*`` are per agent, over every agent's episode returns (as ``episode_return_mean`` is), and
-``eval_team_return_mean`` the mean of the episodes' team returns (their agents' returns summed).
-summary.json and ``best.pt`` also hold each policy's mean return (``policies``).
+one env, the policy acting for every agent (``episodes.play_parallel``, as ``lockstep eval`` plays them), each
+policy for its own agents with several. ``eval_return_*`` are over the returns ``run.eval_rank_by`` names, which
+also rank the versions for ``best.pt``: ``trained`` (the default), the agents' episode returns of the policies
+that train (every agent's with one policy, as ``episode_return_mean`` is), so that a frozen opponent's returns,
+or an adversary's, never make a version look better; ``team``, the episodes' team returns (their agents' returns
+summed); or a policy's name, its agents' episode returns. ``eval_team_return_mean`` is always the mean team
+return; summary.json and ``best.pt`` also hold each policy's mean return (``policies``) and the ranking
+(``rank_by``).
 
 What comes back: an ``EvalResult`` per evaluation. The report writes it into the next metrics row
 (``eval_return_mean``, ``eval_return_std``, and ``eval_iteration`` and ``eval_env_steps`` of the version
@@ -90,7 +94,7 @@ class EvalResult:
     iteration: int
     env_steps: int
     version: int
-    returns: list[float]  # [episodes] each episode's return, as the env recorded it (parallel env: each agent's)
+    returns: list[float]  # [episodes] each episode's return, as the env recorded it (parallel env: those ranked)
     lengths: list[int]  # [episodes] (a parallel env's episodes: the env's steps)
     seconds: float  # wall time of the evaluation, in its process
     best: bool = False  # the best of the run so far: written as checkpoints/best.pt
@@ -100,6 +104,7 @@ class EvalResult:
     outcomes: dict[str, float] = dataclasses.field(default_factory=dict)  # a self-play game's win rates
     team_returns: list[float] = dataclasses.field(default_factory=list)  # a parallel env's [episodes], agents' summed
     policies: dict[str, float] = dataclasses.field(default_factory=dict)  # ... each policy's mean return per agent
+    rank_by: str = ""  # ... which returns ``returns`` holds (``run.eval_rank_by``)
 
     @property
     def return_mean(self) -> float:
@@ -120,8 +125,8 @@ class EvalResult:
     def figures(self) -> dict[str, Any]:
         """What summary.json and best.pt hold of it (the keys of ``FIGURES``, a game's ``outcomes``, and a
         parallel env's team return and policies' returns; its ``episodes`` are the env's)."""
-        team = ({"team_return_mean": self.team_return_mean, "policies": dict(self.policies)} if self.team_returns
-                else {})
+        team = ({"team_return_mean": self.team_return_mean, "policies": dict(self.policies), "rank_by": self.rank_by}
+                if self.team_returns else {})
         return {"iteration": self.iteration, "env_steps": self.env_steps, "version": self.version,
                 "episodes": len(self.lengths), "return_mean": self.return_mean, "return_std": self.return_std,
                 **self.outcomes, **team}
@@ -151,7 +156,7 @@ class Evaluator:
         self.seed = eval_seed(config)
         self.submitted = 0  # evaluations handed over
         self.finished = 0  # ... and come back with returns
-        self.best: dict[str, Any] | None = _stored_best(run_dir) if resume else None  # figures(), of best.pt
+        self.best: dict[str, Any] | None = _stored_best(run_dir, run.eval_rank_by) if resume else None  # of best.pt
         self.last: EvalResult | None = None
         self._in_flight: int | None = None  # the iteration being evaluated
         self._failed = False  # the process died: no more evaluations
@@ -213,7 +218,7 @@ class Evaluator:
             self.best = result.figures()
         log.info("evaluation of iteration %d (%d env steps): return %.1f ± %.1f%s over %d episodes in %.1f s%s%s",
                  result.iteration, result.env_steps, result.return_mean, result.return_std,
-                 f" per agent, team return {result.team_return_mean:.1f}" if result.team_returns else "",
+                 f" ({result.rank_by}), team return {result.team_return_mean:.1f}" if result.team_returns else "",
                  len(result.lengths), result.seconds,
                  "".join(f", {key} {value:g}" for key, value in result.outcomes.items()),
                  "; best so far, checkpoints/best.pt" if result.best else "")
@@ -261,8 +266,9 @@ def _tensors(parameters: dict[str, Any]) -> dict[str, Any]:
     return {k: torch.from_numpy(v) for k, v in parameters.items()}
 
 
-def _stored_best(run_dir: Path) -> dict[str, Any] | None:
-    """The figures of a resumed run's ``best.pt`` (``EvalResult.figures``; None without one): what a new best
+def _stored_best(run_dir: Path, rank_by: str) -> dict[str, Any] | None:
+    """The figures of a resumed run's ``best.pt`` (``EvalResult.figures``; None without one, or with one ranked by
+    other returns than ``rank_by``, which no return of this run's evaluations compares with): what a new best
     must beat, and the run's best until one does."""
     from lockstep.learner import checkpoint
 
@@ -270,6 +276,10 @@ def _stored_best(run_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     figures = checkpoint.load(path)["eval"]
+    if figures.get("rank_by", rank_by) != rank_by:  # (a best.pt of an env without a team ranks its only returns)
+        log.info("checkpoints/best.pt ranked versions by run.eval_rank_by %s, this run by %s: the next evaluation "
+                 "is the best so far", figures["rank_by"], rank_by)
+        return None
     return {key: figures[key] for key in EvalResult.FIGURES}
 
 
@@ -321,12 +331,13 @@ class _Evaluation:
                 result.warning, self.video, video = f"no video ({err}); evaluations go on without one", False, None
                 played = self._play(request, None)
             result.returns, result.lengths = [e.ret for e in played], [e.length for e in played]
-            if self.parallel:  # per agent, the team and each policy (module docstring)
-                agents = list(self.agents)
-                result.returns = [r for e in played for r in e.returns.values()]
+            if self.parallel:  # the returns ranked, the team's and each policy's (module docstring)
+                grouped = policy_returns(played, list(self.agents), self.policy_of)
                 result.team_returns = [e.ret for e in played]
-                result.policies = {name: statistics.fmean(returns) for name, returns
-                                   in policy_returns(played, agents, self.policy_of).items() if returns}
+                result.policies = {name: statistics.fmean(returns) for name, returns in grouped.items() if returns}
+                result.rank_by = self.config.run.eval_rank_by
+                result.returns = (result.team_returns if result.rank_by == "team" else
+                                  [r for name in self._ranked() for r in grouped[name]])
             if self.game:
                 result.outcomes["win_rate_random"] = outcomes(result.returns)["win_rate"]
                 if request["oldest"] is not None:
@@ -343,6 +354,14 @@ class _Evaluation:
             self._save_best(request, result)
         result.seconds = time.perf_counter() - start
         return result
+
+    def _ranked(self) -> list[str]:
+        """The policies whose agents' returns rank the versions (``run.eval_rank_by`` but ``team``): the policies that
+        train, in the order of the run's, or the one named."""
+        policies, rank_by = self.config.policies, self.config.run.eval_rank_by
+        if rank_by != "trained":
+            return [rank_by]
+        return [name for name in dict.fromkeys(self.policy_of) if name not in policies or policies[name].train]
 
     def _play(self, request: dict[str, Any], video: Path | None, opponent: dict[str, Any] | None = None) -> list:
         """The episodes of the request's version; a self-play game's against random legal moves, or against

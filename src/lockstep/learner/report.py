@@ -26,7 +26,14 @@ from lockstep.learner.backends import InferenceStats
 from lockstep.learner.evaluation import EvalResult, Evaluator
 from lockstep.learner.trainer import Trainer, TrainStats
 from lockstep.observe.counters import CARRIED, INCREASES, Clock, Counters
-from lockstep.observe.metrics import EpisodeTracker, MetricsWriter, write_summary
+from lockstep.observe.metrics import (
+    POLICY_COLUMNS,
+    POLICY_COLUMNS_ADDED,
+    POLICY_PREFIX,
+    EpisodeTracker,
+    MetricsWriter,
+    write_summary,
+)
 from lockstep.observe.progress import Status
 from lockstep.observe.tracking import WandbRun
 
@@ -57,7 +64,8 @@ class Report:
         self.policy_returns = {name: EpisodeTracker(()) for name in policies}
 
     def open(self, resume_after: int | None) -> None:
-        extra = [f"{POLICY_PREFIX}{name}/{key}" for name in self.policy_returns for key in POLICY_COLUMNS]
+        extra = [f"{POLICY_PREFIX}{name}/{key}" for keys in (POLICY_COLUMNS, POLICY_COLUMNS_ADDED)
+                 for name in self.policy_returns for key in keys]
         self.metrics = MetricsWriter(self.run_dir, resume_after=resume_after, extra=extra)
         config = self.trainer.config
         ranks = self.trainer.ranks
@@ -121,7 +129,8 @@ class Report:
         for key in vars(self.counters):
             setattr(self.counters, key, totals.get(key, 0))
         c = self.counters
-        c.dropped_transitions += max(0, c.transitions_collected - self.trainer.samples_trained - c.dropped_transitions)
+        taken = self.trainer.samples_trained + self.trainer.samples_frozen
+        c.dropped_transitions += max(0, c.transitions_collected - taken - c.dropped_transitions)
         self._carried = {k: totals.get(k, 0) for k in CARRIED}
         self.observe(InferenceStats())
         self._last = {**totals, "forward_passes": 0, "rows_inferred": 0}
@@ -193,13 +202,16 @@ class Report:
         return {"team_episodes": teams["episodes"], "team_return_mean": teams["episode_return_mean"]}
 
     def _policy_columns(self, stats: TrainStats) -> dict[str, Any]:
-        """Several policies: each one's columns (``POLICY_COLUMNS``) under ``policy/NAME/``."""
+        """Several policies: each one's columns (``POLICY_COLUMNS``, ``POLICY_COLUMNS_ADDED``) under
+        ``policy/NAME/``."""
         columns = {}
         for name, tracker in self.policy_returns.items():
             own = stats.policies[name]
             values = (own.version, own.samples, tracker.stats()["episode_return_mean"], own.update.policy_loss,
-                      own.update.value_loss, own.update.entropy, own.update.approx_kl, own.update.clip_fraction)
-            columns |= {f"{POLICY_PREFIX}{name}/{key}": v for key, v in zip(POLICY_COLUMNS, values, strict=True)}
+                      own.update.value_loss, own.update.entropy, own.update.approx_kl, own.update.clip_fraction,
+                      own.lr, int(own.skipped))
+            keys = POLICY_COLUMNS + POLICY_COLUMNS_ADDED
+            columns |= {f"{POLICY_PREFIX}{name}/{key}": v for key, v in zip(keys, values, strict=True)}
         return columns
 
     def _evaluate(self) -> EvalResult | None:
@@ -254,6 +266,7 @@ class Report:
             **({"policies": self._policy_summary()} if self.policy_returns else {}),
             **self.totals(),
             "transitions_trained": trainer.samples_trained,  # by this learner (env_steps: by all, if several)
+            **({"transitions_frozen": trainer.samples_frozen} if self.policy_returns else {}),  # acted, never trained
             "policy_lag_mean": trainer.lag_sum / trainer.samples_trained if trainer.samples_trained else 0.0,
             "policy_lag_max": trainer.lag_max,
             "forward_passes": inf.forward_passes,
@@ -270,12 +283,6 @@ class Report:
             self.tracker.finish(summary)
             self.tracker = None
         return summary
-
-
-POLICY_PREFIX = "policy/"
-# a run of several policies: these columns of each policy, in metrics.csv and TensorBoard, as policy/NAME/KEY
-POLICY_COLUMNS = ("version", "samples", "episode_return_mean", "policy_loss", "value_loss", "entropy", "approx_kl",
-                  "clip_fraction")
 
 
 def _eval_columns(result: EvalResult | None) -> dict[str, Any]:

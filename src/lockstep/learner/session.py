@@ -10,7 +10,8 @@ a known actor id and a new run id *replaces* the old session (its unfinished unr
 is dropped and counted): the actor noticed a broken connection before the learner
 did. The replaced connection, if it is still alive (two actors given the same id),
 is refused on its next step with a message that says so. A run id whose connection
-ended can never come back, so a replayed hello is refused.
+ended can never come back, so a replayed hello is refused. A hello is accepted whole or refused with no
+trace (``Sessions.connect``): a refused one never replaces a live session.
 
 Step deadline: an actor that the oldest open phase waits for and that owes the learner its next step
 (``owed_since``, stamped by the connection loop when the learner's answer went out) for longer than its
@@ -82,6 +83,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GAP_DECAY = 0.99  # per step: a slow step's weight in an actor's "slowest recent gap" halves in ~70 steps
+
+
+WATCH_TICK_MIN_S = 0.05  # the watchdog's shortest sleep: settings of milliseconds must not make it spin
+
+
+def watch_tick(config: SyncConfig) -> float:
+    """How long the watchdog sleeps between looks: half the stall time and a quarter of the least step deadline,
+    so that it overshoots neither by much; at most 1 s (invariant 2 below), at least ``WATCH_TICK_MIN_S``."""
+    return max(WATCH_TICK_MIN_S, min(1.0, config.stall_s / 2, StepDeadline.of(config).least_s / 4))
 
 
 @dataclass(frozen=True)
@@ -167,7 +177,38 @@ class Sessions:
         return ", ".join(f"actor {m} ({self._live[m].num_envs} slots)" for m in actor_ids if m in self._live)
 
     def connect(self, hello: HelloInfo) -> tuple[Session, Welcome]:
-        """Accept an actor (``transport.protocol.ActorHandler``) or raise ``Refused`` naming the problem."""
+        """Accept an actor (``transport.protocol.ActorHandler``) or raise ``Refused`` naming the problem.
+
+        All or nothing: every check that can refuse the hello (``check``, and the backend's ``check_join`` of its
+        slots) runs before anything changes. A refused hello leaves the live sessions, the retired run ids, the
+        gate and the backend as they were: a live actor of the same id keeps its session and trains on, and a
+        later hello with that id is served as if the refused one had never come."""
+        self.check(hello)
+        if hello.role == OPPONENT:  # inference only: no gate, no unroll, not one of the live actors
+            return self.opponents.connect(hello), self.welcome
+        self.backend.check_join(hello.actor_id, hello.num_envs)
+        session = Session(self, hello)
+        # accepted: from here on nothing refuses
+        old = self._live.get(hello.actor_id)
+        if old is not None:
+            newer = f"run {hello.run_id}" + (f" from {hello.peer}" if hello.peer else "")
+            dropped = self.disconnect(old, replaced_by=newer)
+            log.warning("actor %d reconnected (run %s replaces run %s); %d transition(s) of its unfinished "
+                        "unroll dropped", hello.actor_id, hello.run_id[:8], old.run_id[:8], dropped)
+        self._live[hello.actor_id] = session
+        # the backend learns the actor's slots before the gate can admit anything: a join that starts
+        # the first phase releases requests, and their first pass must already have the full layout
+        self.backend.join(hello.actor_id, hello.num_envs)
+        self.gate.join(hello.actor_id, weight=hello.num_envs)
+        if not self.clock.started and self.gate.started:  # the first phase starts: training time counts from here
+            self.clock.start()
+            self.phases.restart_timer()
+        log.info("actor %d joined with %d env(s) (run %s)", hello.actor_id, hello.num_envs, hello.run_id[:8])
+        return session, self.welcome
+
+    def check(self, hello: HelloInfo) -> None:
+        """Raise ``Refused`` naming the problem if ``hello`` cannot join as it says (``connect``'s checks that
+        need no backend); reads the learner's state and changes none of it."""
         if hello.protocol != PROTOCOL:
             raise Refused(FAILED_PRECONDITION, f"actor speaks protocol {hello.protocol}, the learner {PROTOCOL}; "
                           "run the same lockstep version on both")
@@ -182,15 +223,18 @@ class Sessions:
                 problems.append("its slots follow the learner's env.agent_id, model.critic_input and policies: "
                                 "start actors by hand with the same --agent-id, --critic-input and --policies")
             raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id} ({hello.env_id}): " + "; ".join(problems))
+        mapping = self._mapping_problem(hello.agent_policies)
+        if mapping:
+            raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id} ({hello.env_id}): {mapping}")
         if hello.num_envs < 1:
             raise Refused(INVALID_ARGUMENT, f"actor {hello.actor_id}: num_envs must be >= 1")
-        if hello.role == OPPONENT:  # inference only: no gate, no unroll, not one of the live actors
+        if hello.role == OPPONENT:
             if self.opponents is None:
                 raise Refused(FAILED_PRECONDITION, f"actor {hello.actor_id}: an opponents' connection, but "
                               f"{self.spec.env_id} is no self-play game (env id pettingzoo:MODULE of a turn-based one)")
             if self.finished:
                 raise Refused(UNAVAILABLE, "training is over")
-            return self.opponents.connect(hello), self.welcome
+            return
         if hello.run_id in self._retired_runs:
             raise Refused(FAILED_PRECONDITION, f"actor {hello.actor_id}: run id {hello.run_id} has ended and cannot "
                           "rejoin; a restarted actor says hello with a new run id")
@@ -200,22 +244,32 @@ class Sessions:
                           f"{hello.run_id}; give each actor a distinct --actor-id")
         if self.finished:
             raise Refused(UNAVAILABLE, "training is over")
-        if old is not None:
-            newer = f"run {hello.run_id}" + (f" from {hello.peer}" if hello.peer else "")
-            dropped = self.disconnect(old, replaced_by=newer)
-            log.warning("actor %d reconnected (run %s replaces run %s); %d transition(s) of its unfinished "
-                        "unroll dropped", hello.actor_id, hello.run_id[:8], old.run_id[:8], dropped)
-        session = Session(self, hello)
-        self._live[hello.actor_id] = session
-        # the backend learns the actor's slots before the gate can admit anything: a join that starts
-        # the first phase releases requests, and their first pass must already have the full layout
-        self.backend.join(hello.actor_id, hello.num_envs)
-        self.gate.join(hello.actor_id, weight=hello.num_envs)
-        if not self.clock.started and self.gate.started:  # the first phase starts: training time counts from here
-            self.clock.start()
-            self.phases.restart_timer()
-        log.info("actor %d joined with %d env(s) (run %s)", hello.actor_id, hello.num_envs, hello.run_id[:8])
-        return session, self.welcome
+
+    def _mapping_problem(self, theirs: dict[str, str]) -> str | None:
+        """How an actor's agent -> policy mapping (its hello's ``agent_policies``) differs from the learner's, with
+        the flag that fixes it; None if they agree. Two policies of the same spaces give the same slot spaces
+        whichever agents they act for, so only the mapping tells a swapped one apart."""
+        ours = self.spec.agent_policies
+        if theirs == ours:
+            return None
+        if not ours:
+            return (f"its agents are mapped to policies ({_mapping(theirs)}), but the learner runs one policy for "
+                    "every agent: start the actor without --policies")
+        fix = ("start it with lockstep actor --policies '{"
+               + ", ".join(f"{policy}: [{', '.join(a for a, p in ours.items() if p == policy)}]"
+                           for policy in self.spec.policies) + "}', the learner's policies")
+        if not theirs:
+            return (f"its hello maps no agent to a policy, but the learner runs several policies ({_mapping(ours)}); "
+                    f"{fix} (an actor of an older lockstep version sends no mapping: run the learner's version)")
+        differ = [agent for agent in ours if theirs.get(agent) != ours[agent]]
+        unknown = [agent for agent in theirs if agent not in ours]
+        parts = [(f"agent {agent} acts for policy {theirs[agent]!r} in this actor, for {ours[agent]!r} on the learner"
+                  if agent in theirs else f"agent {agent} has no policy in this actor, {ours[agent]!r} on the learner")
+                 for agent in differ[:8]]
+        parts += [f"agent {agent} is no agent of the learner's env" for agent in unknown[:8]]
+        more = len(differ) + len(unknown) - len(parts)
+        return (f"its agents' policies differ from the learner's: {'; '.join(parts)}"
+                + (f" (and {more} more)" if more > 0 else "") + f"; {fix}")
 
     def disconnect(self, session: Session, replaced_by: str | None = None) -> int:
         """End ``session``: leave the gate, drop its unfinished unroll; return the transitions dropped."""
@@ -246,7 +300,7 @@ class Sessions:
         stall_s, rule = config.stall_s, StepDeadline.of(config)
         warned_phase = -1
         while True:
-            await asyncio.sleep(min(1.0, stall_s / 2, rule.least_s / 4))
+            await asyncio.sleep(watch_tick(config))
             self.evict_late(rule)
             phase = self.gate.oldest_open
             if self.clock.started and self.phases.collecting_s() > stall_s and warned_phase != phase:
@@ -307,6 +361,12 @@ class Sessions:
             self.opponents.finish()
         for session in self._live.values():
             session.cancel_wait()
+
+
+def _mapping(agent_policies: dict[str, str], shown: int = 8) -> str:
+    """"scout_0 -> a, scout_1 -> b, ..." (the first ``shown`` agents)."""
+    pairs = [f"{agent} -> {policy}" for agent, policy in list(agent_policies.items())[:shown]]
+    return ", ".join(pairs) + (", ..." if len(agent_policies) > shown else "")
 
 
 class Session:

@@ -12,7 +12,13 @@ that trains has trained on its part of the batch. Each policy has its own versio
 advances with every phase (so its version is the phase), a frozen one (``train: false``) keeps the version it
 was loaded with. Inference stamps every sample with its own policy's version. Strict holds per policy: the batch
 of policy P in phase u holds only samples stamped with P's version at u, and ``Team.train`` refuses any other
-(``OffPolicyError``, as ``Trainer`` does for one policy).
+(``OffPolicyError``, as ``Trainer`` does for one policy). A policy whose part of a phase holds no valid sample
+(every one of its agents gone for the whole phase) skips it: no update, and its version still moves on with the
+clock, so that the next phase's samples are stamped with the phase's version as every other policy's are.
+
+Progress. The run's step count (``env_steps``: every policy's slots' steps, a frozen one's included) is what
+``ppo.total_steps`` and every policy's learning-rate schedule read, so that all reach the schedule's end
+together whatever share of the samples each takes.
 
 The learner sees a ``Team`` where it would see one ``Trainer`` (the phase clock's version, iterations, step
 counts, ``train``, ``skip``, checkpoints) and a ``TeamBackend`` where it would see one ``SnapshotBackend``.
@@ -32,6 +38,7 @@ import numpy as np
 import torch
 
 from lockstep.algo import ppo
+from lockstep.algo.normalize import observation_statistics
 from lockstep.config import Config, ConfigError
 from lockstep.envs import EnvSpec, action_entries, policy_spaces
 from lockstep.learner import checkpoint as checkpoint_lib
@@ -131,7 +138,7 @@ class Team:
             view = PolicyView(spec, name, config.env.action_mask_key)
             own = dataclasses.replace(config, model=config.model_of(name), policies={},
                                       run=dataclasses.replace(config.run, seed=_seed(config.run.seed, index)))
-            trainer = Trainer(own, view.spec, device, max_lag=max_lag)
+            trainer = Trainer(own, view.spec, device, max_lag=max_lag, run_steps=lambda: self.env_steps)
             view.state_size = trainer.model.state_size
             self.views[name], self.trainers[name] = view, trainer
         self.training = tuple(name for name in spec.policies if config.policies[name].train)
@@ -141,15 +148,24 @@ class Team:
                 self._load(name)
         self.version = 0  # the phase clock: the version of every policy that trains
         self.iteration = 0
-        self.samples: dict[str, int] = {}  # each policy's samples, trained on or (frozen) checked
+        self.samples: dict[str, int] = {}  # each policy's samples (its slots' steps), trained on or (frozen) acted
         self._split: tuple[Batch, dict[str, Batch]] | None = None  # the last batch split, and its parts (``split``)
 
     @property
     def env_steps(self) -> int:
-        """Agent steps trained on or acted by a frozen policy: every valid sample of every phase."""
+        """The run's progress (``ppo.total_steps``, the learning-rate schedule of every policy): the slots' steps
+        of every phase, trained on or acted by a frozen policy."""
         return sum(self.samples.values())
 
-    samples_trained = env_steps  # one learner: its samples are the run's
+    @property
+    def samples_trained(self) -> int:
+        """The steps trained on: those of the policies that train (summary.json's ``transitions_trained``)."""
+        return sum(self.samples.get(name, 0) for name in self.training)
+
+    @property
+    def samples_frozen(self) -> int:
+        """The steps frozen policies acted, never to be trained on (``transitions_frozen``)."""
+        return sum(self.samples.get(name, 0) for name in self.frozen)
 
     @property
     def lag_sum(self) -> int:
@@ -170,7 +186,11 @@ class Team:
         return self.version if name in self.training else self.trainers[name].version
 
     def _load(self, name: str) -> None:
-        """Start policy ``name`` from the parameters and observation statistics of ``policies.NAME.load``."""
+        """Start policy ``name`` from the parameters and observation statistics of ``policies.NAME.load``.
+
+        The statistics are the source's whatever the run's ``env.normalize_obs``: its parameters learned on
+        observations normalized with them (or on raw ones, when the source kept none), so the policy acts with
+        them, and, if it trains, keeps them up to date as its source did."""
         policy = self.config.policies[name]
         source = Path(policy.load)
         try:
@@ -192,8 +212,15 @@ class Team:
         except RuntimeError as err:
             raise ConfigError(f"policies.{name}.load: {path}'s parameters do not fit policy {name}'s network "
                               f"for its agents' spaces: {str(err).splitlines()[0]}") from err
-        if trainer.obs_rms is not None and state.get("obs_rms") is not None:
-            trainer.obs_rms.load_state_dict(state["obs_rms"])
+        if state.get("obs_rms") is None:
+            trainer.obs_rms = None
+        else:
+            trainer.obs_rms = trainer.obs_rms or observation_statistics(trainer.spec.observation)
+            try:
+                trainer.obs_rms.load_state_dict(state["obs_rms"])
+            except (KeyError, ValueError) as err:
+                raise ConfigError(f"policies.{name}.load: {path}'s observation statistics do not fit policy "
+                                  f"{name}'s observations: {err!r}") from err
         if name in self.frozen:
             trainer.version = int(state.get("version", 0))  # its samples are stamped with it, run-long
         log.info("policy %s starts from %s (version %d there)%s", name, path, int(state.get("version", 0)),
@@ -221,7 +248,9 @@ class Team:
 
     def train(self, batch: Batch) -> TrainStats:
         """One PPO update of every policy that trains, each on its part of ``batch``; a frozen policy's part is
-        checked (every sample its own version's) and counted. The phase clock moves to the next version."""
+        checked (every sample its own version's) and counted. A policy with no valid sample in its part (every
+        one of its agents gone for the whole phase) skips the phase: no update, its version moves on with the
+        clock (``Trainer.train``). The phase clock moves to the next version."""
         start = time.perf_counter()
         parts = self.split(batch)
         stats: dict[str, TrainStats] = {}
@@ -237,24 +266,26 @@ class Team:
         trained_version = self.version
         self.version += 1
         self.iteration += 1
-        trained = [stats[name] for name in self.training]
+        trained = [stats[name] for name in self.training if not stats[name].skipped]  # the updates taken
         weights = np.array([max(s.samples, 1) for s in trained], np.float64)
         update = ppo.UpdateStats(**{
             f.name: (sum(getattr(s.update, f.name) for s in trained) if f.type in ("int", int) else
-                     float(np.average([getattr(s.update, f.name) for s in trained], weights=weights)))
+                     float(np.average([getattr(s.update, f.name) for s in trained], weights=weights)) if trained
+                     else 0.0)
             for f in dataclasses.fields(ppo.UpdateStats)})
         return TrainStats(
             version=trained_version, samples=samples, off_policy_samples=sum(s.off_policy_samples for s in lags),
             policy_lag_mean=sum(s.policy_lag_mean * s.samples for s in lags) / samples if samples else 0.0,
             policy_lag_max=max(s.policy_lag_max for s in lags), train_s=time.perf_counter() - start,
-            lr=trained[0].lr, update=update,
+            lr=stats[self.training[0]].lr, update=update,  # every policy's: one schedule (``Trainer.run_steps``)
             entropy_by_entry={f"{name}/{entry}": value for name in self.training
                               for entry, value in stats[name].entropy_by_entry.items()},
             policies=stats,
         )
 
     def _check_frozen(self, name: str, batch: Batch) -> TrainStats:
-        """A frozen policy's part of a phase: every sample must be its own version's; nothing trains."""
+        """A frozen policy's part of a phase: every valid sample must be its own version's; nothing trains. Its
+        steps count as a trainer counts them (``batch.size``: its slots' steps, an agent's absence included)."""
         version = self.trainers[name].version
         stamps = batch.versions[batch.valid]
         if np.any(stamps != version):
@@ -262,7 +293,7 @@ class Team:
             raise OffPolicyError(f"policy {name} (frozen at version {version}): {int(np.sum(stamps != version))} "
                                  f"of {batch.size} samples were produced by versions {wrong}")
         nothing = ppo.UpdateStats(0.0, 0.0, 0.0, 0.0, 0.0, 0)
-        return TrainStats(version=version, samples=int(stamps.size), off_policy_samples=0, policy_lag_mean=0.0,
+        return TrainStats(version=version, samples=batch.size, off_policy_samples=0, policy_lag_mean=0.0,
                           policy_lag_max=0, train_s=0.0, lr=0.0, update=nothing)
 
     def skip(self) -> None:
@@ -304,10 +335,12 @@ class TeamBackend:
         self._columns: dict[int, dict[str, np.ndarray]] = {}  # member -> each policy's rows of its requests
         self._slot_action = team.spec.action
 
-    def join(self, member: int, num_envs: int) -> None:
+    def check_join(self, member: int, num_envs: int) -> None:
         agents = self.team.spec.agents
         if num_envs % agents:
             raise Refused(INVALID_ARGUMENT, f"actor {member}: {num_envs} slots are not whole envs of {agents} agents")
+
+    def join(self, member: int, num_envs: int) -> None:
         self._columns[member] = {name: view.columns(num_envs) for name, view in self.team.views.items()}
         for name, backend in self.backends.items():
             backend.join(member, len(self._columns[member][name]))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -50,6 +50,7 @@ class TrainStats:
     # an action of several parts: the mean entropy of each (a MultiDiscrete's dimensions, a Dict's leaves)
     entropy_by_entry: dict[str, float] = field(default_factory=dict)
     policies: dict[str, TrainStats] = field(default_factory=dict)  # several policies: each one's (``team``)
+    skipped: bool = False  # no update: the batch held no valid sample (a policy whose agents had all left)
 
 
 class RewardScaler:
@@ -138,7 +139,7 @@ def adam(params: list[torch.nn.Parameter], lr: float, eps: float) -> torch.optim
 
 class Trainer:
     def __init__(self, config: Config, spec: EnvSpec, device: torch.device, max_lag: int | None = 0,
-                 ranks: Ranks | None = None) -> None:
+                 ranks: Ranks | None = None, run_steps: Callable[[], int] | None = None) -> None:
         self.config = config
         self.device = device
         self.ranks = ranks  # several learners (torch.distributed): see distributed.py
@@ -162,6 +163,10 @@ class Trainer:
         self.iteration = 0
         self.env_steps = 0  # transitions trained on (by every learner, when there are several)
         self.samples_trained = 0  # ... by this learner
+        self.samples_frozen = 0  # acted by policies that never train: none of one policy (a team's: ``team``)
+        # the run's transitions so far, which the learning-rate schedule reads (the same fraction for every
+        # policy of a run): this trainer's ``env_steps``, or a team's (``team``) for one of its policies
+        self.run_steps = run_steps or (lambda: self.env_steps)
 
     def snapshot(self) -> PolicySnapshot:
         """The current version, frozen for inference."""
@@ -183,17 +188,25 @@ class Trainer:
         return lr
 
     def learning_rate(self) -> float:
+        """``ppo.lr``, annealed with ``ppo.anneal_lr`` linearly to 0 over the run's ``ppo.total_steps``."""
         cfg = self.config.ppo
         if not cfg.anneal_lr:
             return cfg.lr
-        return cfg.lr * max(0.0, 1.0 - self.env_steps / cfg.total_steps)
+        return cfg.lr * max(0.0, 1.0 - self.run_steps() / cfg.total_steps)
 
     def train(self, batch: Batch) -> TrainStats:
-        """One PPO update on ``batch``; afterwards ``version`` is one higher."""
+        """One PPO update on ``batch``; afterwards ``version`` is one higher. A batch without a valid sample (every
+        agent of the policy gone for the whole phase) is no update: the version moves on unchanged, its statistics
+        untouched, and the stats say ``skipped`` (several learners still take part in the update, with none)."""
         start = time.perf_counter()
         cfg = self.config.ppo
         valid = batch.valid  # [T, N]; False past the end of unrolls cut short and where an agent had left
         lag = self._lag(batch)
+        if self.ranks is None and not valid.any():
+            log.info("version %d: no valid sample in the phase's %d; nothing to learn from, no update",
+                     self.version, batch.size)
+            nothing = ppo.UpdateStats(0.0, 0.0, 0.0, 0.0, 0.0, gradient_steps=0)
+            return replace(self._advance(batch, lag, start, self.learning_rate(), nothing), skipped=True)
         dev = self.device
 
         def as_t(a: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.Tensor:

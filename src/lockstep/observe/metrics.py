@@ -35,6 +35,15 @@ COLUMNS = [
 EVAL_COLUMNS = ("eval_return_mean", "eval_return_std", "eval_iteration", "eval_env_steps",
                 "eval_win_rate_random", "eval_win_rate_oldest", "eval_oldest_version", "eval_team_return_mean")
 
+POLICY_PREFIX = "policy/"
+# a run of several policies: these columns of each policy, in metrics.csv and TensorBoard, as policy/NAME/KEY, after
+# COLUMNS (the learner's report writes them; a sweep's objective may name one)
+POLICY_COLUMNS = ("version", "samples", "episode_return_mean", "policy_loss", "value_loss", "entropy", "approx_kl",
+                  "clip_fraction")
+# ... and after every policy's of those (metrics.csv's columns are only ever appended to): its learning rate (0 for a
+# frozen policy) and whether it skipped the phase (1: no valid sample, no update; its version moved on unchanged)
+POLICY_COLUMNS_ADDED = ("lr", "skipped")
+
 
 Key = tuple[int, ...]  # where an episode stands in the order of episodes: (step counter, actor id, index)
 LAST = 100  # episodes behind episode_return_mean and episode_length_mean

@@ -4,7 +4,9 @@ A trial takes its parameters from the sampler, writes one config per run seed in
 (``OUT/trials/trial-NNNN``, ``-sSEED`` with several seeds) and trains it with ``lockstep train --config``: an
 ordinary run, which ``lockstep train --config RUN_DIR/config.yaml`` repeats exactly. While a run trains the
 trial reads its metrics.csv rows as they are written, scores them (``objective.score``) at ``pruner.reports``
-evenly spaced points of the budget and reports each to Optuna; a pruned run is stopped with SIGTERM, as
+evenly spaced points of the budget and reports each to Optuna, each point scored on the rows up to the first
+that reached it and every point reported before the trial completes, so that the pruner's verdict depends on
+the rows alone, never on when they were read (``Sweep._report``); a pruned run is stopped with SIGTERM, as
 Ctrl-C stops ``lockstep train``: in order, its summary.json and final checkpoint written. The sweep then adds
 its verdict to every run's summary.json (``sweep``: trial, state, objective, where it was pruned).
 
@@ -40,7 +42,7 @@ from lockstep.observe.metrics import write_summary
 from lockstep.observe.run_dir import RunDir
 from lockstep.sweep import objective as objective_lib
 from lockstep.sweep import report
-from lockstep.sweep.spec import Param, Spec, decode, encode
+from lockstep.sweep.spec import Param, Spec, SpecError, decode, encode
 
 log = logging.getLogger("lockstep.sweep")
 
@@ -49,6 +51,15 @@ STOP_WAIT_S = 120.0  # how long a stopped run may take to write its summary befo
 HEARTBEAT_S = 5  # a running trial's heartbeat; one silent for GRACE_S belongs to a process that died
 GRACE_S = 30
 OPEN_TRIES = 5  # attempts at opening a storage that another process is creating
+
+
+@dataclass
+class Reported:
+    """How far a run's reports to the pruner have got: the ``rows`` of its metrics.csv read, the ``points`` of its
+    budget reported."""
+
+    rows: int = 0
+    points: int = 0
 
 
 class TrialFailed(Exception):
@@ -72,7 +83,9 @@ def layout(base: config_lib.Config, spec: Spec, jobs: int, cores: int) -> Layout
     learner and one per actor; where ``jobs`` such runs would not fit, the runs step their envs in the learner
     process (``actors.transport inprocess``: one process per run, the same envs, ids and seeds, and in strict
     mode the same numbers; docs/architecture.md#reproducible-strict-runs). A transport the spec sets or
-    searches is kept."""
+    searches is kept, and so is one whose trials would be refused in the learner process (``Spec.check_trials``:
+    envs in processes of their own, ``actors.vector async``): every trial's config validates with the layout's
+    transport, as the spec's check found it does with the base's."""
     actors = base.actors
     per_run = 1 if actors.transport == "inprocess" else actors.count + 1
     cores_each = max(1, cores // jobs)
@@ -85,9 +98,14 @@ def layout(base: config_lib.Config, spec: Spec, jobs: int, cores: int) -> Layout
     if jobs * per_run <= cores or fixed:
         extra = "" if jobs * per_run <= cores else f"; more than the {cores} cores, as the spec's transport asks"
         return Layout(None, note + extra)
-    return Layout("inprocess", note + f", more than the {cores_each} core{'s' if cores_each > 1 else ''} each "
-                  "gets: the runs step their envs in the learner process instead (actors.transport inprocess, the "
-                  "same actors and seeds)")
+    crowded = f", more than the {cores_each} core{'s' if cores_each > 1 else ''} each gets"
+    try:
+        spec.check_trials("inprocess")
+    except SpecError as err:
+        return Layout(None, note + f"{crowded}; kept, since the runs cannot step their envs in the learner "
+                                   f"process: {err}")
+    return Layout("inprocess", note + f"{crowded}: the runs step their envs in the learner process instead "
+                                      "(actors.transport inprocess, the same actors and seeds)")
 
 
 def cores() -> int:
@@ -323,19 +341,18 @@ class Sweep:
             self._starting -= 1
         params = {p.key: decode(p, self._suggest(trial, p)) for p in self.params}
         print(f"trial {trial.number} started: " + ", ".join(f"{k}={v}" for k, v in params.items()), flush=True)
-        trial.set_user_attr("config", yaml.safe_dump(config_lib.to_dict(self.config(params, self.seeds[0])),
-                                                     sort_keys=False))
+        try:  # a combination of parameters that the spec's check, which checks each on its own, did not see
+            recorded = self.spec.trial_config(params, self.seeds[0])  # best.yaml's: the base's own transport
+            configs = [self.spec.trial_config(params, seed, self.layout.transport) for seed in self.seeds]
+        except config_lib.ConfigError as err:
+            trial.set_user_attr("error", str(err))
+            raise TrialFailed(str(err)) from None
+        trial.set_user_attr("config", yaml.safe_dump(config_lib.to_dict(recorded), sort_keys=False))
         run_dirs = [self.out / "trials" / self._run_name(trial.number, seed) for seed in self.seeds]
         trial.set_user_attr("run_dirs", [str(d.resolve()) for d in run_dirs])
         scores = []
-        for j, (seed, run_dir) in enumerate(zip(self.seeds, run_dirs)):
-            config = self.config(params, seed, self.layout.transport)
+        for j, (config, run_dir) in enumerate(zip(configs, run_dirs)):
             config.run.name, config.run.run_dir = run_dir.name, str(run_dir)
-            try:
-                config.validate()
-            except config_lib.ConfigError as err:
-                trial.set_user_attr("error", str(err))
-                raise TrialFailed(str(err)) from None
             try:
                 scores.append(self._train(trial, j, config, run_dir))
             except (optuna.TrialPruned, TrialFailed, SweepInterrupted) as err:
@@ -347,19 +364,6 @@ class Sweep:
         for run_dir in run_dirs:
             _annotate(run_dir, trial.number, "complete", objective=value)
         return value
-
-    def config(self, params: dict[str, Any], seed: int, transport: str | None = None) -> config_lib.Config:
-        """A run's whole config: the base (with ``set`` and the budget), ``params``, ``seed``; no run name or
-        directory (``lockstep train`` names a run of best.yaml afresh)."""
-        config = self.spec.base_config()
-        if transport:
-            config.actors.transport = transport
-        for key, value in params.items():
-            config_lib.set_value(config, key, value)
-        config.run.seed = seed
-        config.run.progress = False
-        config.run.name = config.run.run_dir = ""
-        return config
 
     def _run_name(self, number: int, seed: int) -> str:
         return f"trial-{number:04d}" + (f"-s{seed}" if len(self.seeds) > 1 else "")
@@ -373,11 +377,11 @@ class Sweep:
 
     def _train(self, trial: optuna.Trial, j: int, config: config_lib.Config, run_dir: Path) -> float:
         """Train one run of ``trial`` (its ``j``-th seed) as a ``lockstep train`` process, report its score at
-        each point of the budget as its rows arrive, and stop it when the pruner says so; its final score."""
+        each point of the budget as its rows arrive (``_report``; a finished run's last rows too, before its trial
+        completes), and stop it when the pruner says so; its final score."""
         run_dir.mkdir(parents=True, exist_ok=True)
         config_lib.save(config, run_dir / "config.yaml")
-        reports, spec, budget = self.spec.pruner.reports, self.spec, self._run_budget(config)
-        reported = 0  # points of the budget reported so far
+        spec, budget, reported = self.spec, self._run_budget(config), Reported()
         with (run_dir / "train.log").open("w") as out:
             # a session of its own: a Ctrl-C at the terminal reaches the sweep, which stops the run once, in order
             proc = subprocess.Popen([*self.lockstep, "train", "--config", str(run_dir / "config.yaml")],
@@ -386,22 +390,14 @@ class Sweep:
             try:
                 while True:
                     code = proc.poll()
-                    rows = RunDir(run_dir).metrics()
-                    if rows and code is None:
-                        point = math.floor(budget.fraction(rows[-1]) * reports)
-                        value = objective_lib.score(rows, spec.objective, budget)
-                        if point > reported and value is not None:
-                            for k in range(reported + 1, point + 1):
-                                trial.report(value, j * reports + k)
-                            reported = point
-                            if point >= spec.pruner.warmup * reports and point < reports and trial.should_prune():
-                                _stop(proc)
-                                _annotate(run_dir, trial.number, "pruned",
-                                          pruned_at={"env_steps": rows[-1]["env_steps"],
-                                                     "wall_s": rows[-1]["wall_s"], "value": value})
-                                print(f"trial {trial.number}: pruned at {rows[-1]['env_steps']:,} env steps "
-                                      f"(its objective so far {_fmt(value)})", flush=True)
-                                raise optuna.TrialPruned()
+                    pruned = (self._report(trial, j, RunDir(run_dir).metrics(), budget, reported)
+                              if code in (None, 0) else None)
+                    if pruned is not None:
+                        _stop(proc)
+                        _annotate(run_dir, trial.number, "pruned", pruned_at=pruned)
+                        print(f"trial {trial.number}: pruned at {pruned['env_steps']:,} env steps "
+                              f"(its objective so far {_fmt(pruned['value'])})", flush=True)
+                        raise optuna.TrialPruned()
                     if self.stop.is_set():
                         _stop(proc)
                         _annotate(run_dir, trial.number, "interrupted")
@@ -429,6 +425,27 @@ class Sweep:
             trial.set_user_attr("error", error)
             raise TrialFailed(error)
         return value
+
+    def _report(self, trial: optuna.Trial, j: int, rows: list[dict[str, Any]], budget: objective_lib.RunBudget,
+                reported: Reported) -> dict[str, Any] | None:
+        """Report each point of the budget that ``rows`` reached since the last call, each scored on the rows up to
+        the first one that reached it, and ask the pruner after each; where it stops the trial: that row's
+        ``env_steps``, ``wall_s`` and ``value``, else None. What the pruner sees depends on the run's rows alone,
+        never on when the sweep read them: a run that finished between two reads is judged on every row, as one
+        still training is."""
+        reports, spec = self.spec.pruner.reports, self.spec
+        for i in range(reported.rows, len(rows)):
+            reported.rows = i + 1
+            point = math.floor(budget.fraction(rows[i]) * reports)
+            value = objective_lib.score(rows[:i + 1], spec.objective, budget) if point > reported.points else None
+            if value is None:  # no new point, or no row with the metric yet: the points wait for one
+                continue
+            for k in range(reported.points + 1, point + 1):
+                trial.report(value, j * reports + k)
+            reported.points = point
+            if spec.pruner.warmup * reports <= point < reports and trial.should_prune():
+                return {"env_steps": rows[i]["env_steps"], "wall_s": rows[i]["wall_s"], "value": value}
+        return None
 
     def _run_budget(self, config: config_lib.Config) -> objective_lib.RunBudget:
         return objective_lib.RunBudget(config.ppo.total_steps, config.run.time_limit_s)

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import yaml
 
 from lockstep import config as config_lib
-from lockstep.observe.metrics import COLUMNS
+from lockstep.observe.metrics import COLUMNS, POLICY_COLUMNS, POLICY_COLUMNS_ADDED, POLICY_PREFIX
 
 Direction = Literal["maximize", "minimize"]
 Value = Literal["final", "mean_last", "env_steps_to", "seconds_to"]
@@ -52,7 +52,9 @@ class Objective:
     seconds until it first reached a threshold."""
 
     metric: str = spec_field("episode_return_mean", "a metrics.csv column (episode_return_mean, "
-                                                    "episode_return_mean20, eval_return_mean, ...)")
+                                                    "episode_return_mean20, eval_return_mean, ...; with several "
+                                                    "policies a policy's own, e.g. "
+                                                    "policy/predator/episode_return_mean)")
     value: Value = spec_field("final", "final: the metric's last value; mean_last: its mean over the last "
                                        "objective.last rows that have one; env_steps_to / seconds_to: the env steps "
                                        "or seconds (since training started) of the first row whose metric is at "
@@ -140,6 +142,39 @@ class Spec:
 
     def run_seeds(self, config: config_lib.Config) -> list[int]:
         return list(self.seeds) or [config.run.seed]
+
+    def trial_config(self, params: dict[str, Any], seed: int, transport: str | None = None) -> config_lib.Config:
+        """A run's whole config as its trial trains it: the base (with ``set`` and the budget), the ``transport``
+        the sweep's layout gives its runs (None: the base's), ``params``, ``seed``; no run name or directory
+        (``lockstep train`` names a run of best.yaml afresh). Validated, as ``lockstep train`` will: a
+        ``ConfigError`` names the field of a config that no run would accept."""
+        config = self.base_config()
+        if transport:
+            config.actors.transport = transport
+        for key, value in params.items():
+            config_lib.set_value(config, key, value)
+        config_lib.set_value(config, "run.seed", seed)
+        config.run.progress = False
+        config.run.name = config.run.run_dir = ""
+        config.validate()
+        return config
+
+    def check_trials(self, transport: str | None = None) -> None:
+        """Refuse, naming the field, a spec whose trials' configs (``trial_config``, with ``transport``) would be
+        refused: the base, each run seed, each parameter set of ``first``, and each end of every range and every
+        choice over the base (a range's inner values are refused only where an end is)."""
+        base = self.base_config()
+        seeds = self.run_seeds(base)
+        laid_out = f" (with actors.transport {transport}, which the sweep gives its runs)" if transport else ""
+        checks = [("base", {}, base.run.seed)] + [("seeds", {}, seed) for seed in seeds]
+        checks += [(f"first[{i}]", dict(params), seed) for i, params in enumerate(self.first) for seed in seeds]
+        checks += [(f"space.{p.key}: with {value!r}", {p.key: value}, seed)
+                   for p in self.params() for value in p.values() for seed in seeds]
+        for where, params, seed in checks:
+            try:
+                self.trial_config(params, seed, transport)
+            except config_lib.ConfigError as err:
+                raise SpecError(f"{where}{laid_out}: {err}") from None
 
     def params(self) -> list[Param]:
         return [Param.parse(key, value) for key, value in self.space.items()]
@@ -244,6 +279,21 @@ def decode(param: Param, stored: Any) -> Any:
 def _number_type(hint: Any) -> type | None:
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     return args[0] if len(args) == 1 and args[0] in (int, float) else None
+
+
+def _check_policy_metric(metric: str, base: config_lib.Config) -> None:
+    """A per-policy column, ``policy/NAME/COLUMN``: NAME one of the base's policies, COLUMN one that metrics.csv
+    writes for each policy (``POLICY_COLUMNS``, ``POLICY_COLUMNS_ADDED``)."""
+    name, _, column = metric.removeprefix(POLICY_PREFIX).partition("/")
+    if not base.policies:
+        raise SpecError(f"objective.metric: {metric!r} is a column of a run of several policies, and the base has "
+                        "none (policies is empty): use a column of the run, e.g. episode_return_mean")
+    if name not in base.policies:
+        raise SpecError(f"objective.metric: {metric!r} names the policy {name!r}, which is not one of the base's "
+                        f"policies ({', '.join(base.policies)})")
+    if column not in POLICY_COLUMNS + POLICY_COLUMNS_ADDED:
+        raise SpecError(f"objective.metric: {metric!r}: {column!r} is not a column metrics.csv writes for each "
+                        f"policy; {POLICY_PREFIX}{name}/ has {', '.join(POLICY_COLUMNS + POLICY_COLUMNS_ADDED)}")
 
 
 def _check_value(where: str, key: str, value: Any) -> None:
@@ -352,9 +402,10 @@ def check(spec: Spec) -> None:
         if key in spec.space:
             raise SpecError(f"set.{key}: also in space; a key is either fixed or searched")
     obj = spec.objective
-    if obj.metric not in COLUMNS:
+    if obj.metric not in COLUMNS and not obj.metric.startswith(POLICY_PREFIX):
         raise SpecError(f"objective.metric: {obj.metric!r} is not a metrics.csv column; columns: "
-                        f"{', '.join(COLUMNS)}")
+                        f"{', '.join(COLUMNS)}, and with several policies {POLICY_PREFIX}NAME/COLUMN (COLUMN: "
+                        f"{', '.join(POLICY_COLUMNS + POLICY_COLUMNS_ADDED)})")
     to_threshold = obj.value in ("env_steps_to", "seconds_to")
     if to_threshold and obj.threshold is None:
         raise SpecError(f"objective.threshold: objective.value {obj.value} needs the threshold the metric must reach")
@@ -380,6 +431,8 @@ def check(spec: Spec) -> None:
         base = spec.base_config()
     except config_lib.ConfigError as err:
         raise SpecError(f"base: {err}") from None
+    if obj.metric.startswith(POLICY_PREFIX):
+        _check_policy_metric(obj.metric, base)
     if isinstance(spec.seeds, int):
         spec.seeds = [base.run.seed + i for i in range(spec.seeds)]
     params = spec.params()
@@ -399,14 +452,7 @@ def check(spec: Spec) -> None:
         if size < spec.trials:
             raise SpecError(f"trials: the grid has {size} combinations, fewer than {spec.trials} trials; give "
                             f"trials: {size} (or more values)")
-    for p in params:  # every end of a range and every choice must give a config that validates
-        for value in p.values():
-            config = spec.base_config()
-            config_lib.set_value(config, p.key, value)
-            try:
-                config.validate()
-            except config_lib.ConfigError as err:
-                raise SpecError(f"space.{p.key}: with {value!r}: {err}") from None
+    spec.check_trials()  # every run a trial trains validates: the layout's transport is the sweep's (runner.layout)
 
 
 # --- the reference ----------------------------------------------------------------------------------

@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!lockstep/transport/lockstep.proto\x12\x0blockstep.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb2\x02\n\x05Space\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.lockstep.v1.Space.Kind\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\t\n\x01n\x18\x04 \x01(\x03\x12 \n\x03low\x18\x05 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12!\n\x04high\x18\x06 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12\x0c\n\x04nvec\x18\x07 \x03(\x03\x12!\n\x06leaves\x18\x08 \x03(\x0b\x32\x11.lockstep.v1.Leaf\"c\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x44ISCRETE\x10\x01\x12\x07\n\x03\x42OX\x10\x02\x12\x12\n\x0eMULTI_DISCRETE\x10\x03\x12\x10\n\x0cMULTI_BINARY\x10\x04\x12\x08\n\x04TREE\x10\x05\"7\n\x04Leaf\x12\x0c\n\x04path\x18\x01 \x01(\t\x12!\n\x05space\x18\x02 \x01(\x0b\x32\x12.lockstep.v1.Space\"\xc4\x01\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x10\n\x08\x61\x63tor_id\x18\x02 \x01(\r\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x10\n\x08num_envs\x18\x04 \x01(\r\x12\x0e\n\x06\x65nv_id\x18\x05 \x01(\t\x12-\n\x11observation_space\x18\x06 \x01(\x0b\x32\x12.lockstep.v1.Space\x12(\n\x0c\x61\x63tion_space\x18\x07 \x01(\x0b\x32\x12.lockstep.v1.Space\x12\x0c\n\x04role\x18\x08 \x01(\t\"\xc2\x03\n\x04Step\x12(\n\x0bobservation\x18\x01 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12#\n\x06reward\x18\x02 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12\'\n\nterminated\x18\x03 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12&\n\ttruncated\x18\x04 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12(\n\x0b\x66inal_index\x18\x05 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12.\n\x11\x66inal_observation\x18\x06 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12+\n\x0e\x65pisode_return\x18\x07 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12+\n\x0e\x65pisode_length\x18\x08 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12/\n\x12observation_leaves\x18\t \x03(\x0b\x32\x13.lockstep.v1.Tensor\x12\x35\n\x18\x66inal_observation_leaves\x18\n \x03(\x0b\x32\x13.lockstep.v1.Tensor\"^\n\x0c\x41\x63torMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.lockstep.v1.HelloH\x00\x12!\n\x04step\x18\x02 \x01(\x0b\x32\x11.lockstep.v1.StepH\x00\x42\x06\n\x04kind\",\n\x07Welcome\x12\x0c\n\x04seed\x18\x01 \x01(\x04\x12\x13\n\x0blearner_run\x18\x02 \x01(\t\"T\n\x06\x41\x63tion\x12#\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\r\n\x05retry\x18\x03 \x01(\x08\"h\n\x0eLearnerMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.lockstep.v1.WelcomeH\x00\x12%\n\x06\x61\x63tion\x18\x02 \x01(\x0b\x32\x13.lockstep.v1.ActionH\x00\x42\x06\n\x04kind2P\n\x07Learner\x12\x45\n\x07\x43onnect\x12\x19.lockstep.v1.ActorMessage\x1a\x1b.lockstep.v1.LearnerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!lockstep/transport/lockstep.proto\x12\x0blockstep.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb2\x02\n\x05Space\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.lockstep.v1.Space.Kind\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\t\n\x01n\x18\x04 \x01(\x03\x12 \n\x03low\x18\x05 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12!\n\x04high\x18\x06 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12\x0c\n\x04nvec\x18\x07 \x03(\x03\x12!\n\x06leaves\x18\x08 \x03(\x0b\x32\x11.lockstep.v1.Leaf\"c\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x44ISCRETE\x10\x01\x12\x07\n\x03\x42OX\x10\x02\x12\x12\n\x0eMULTI_DISCRETE\x10\x03\x12\x10\n\x0cMULTI_BINARY\x10\x04\x12\x08\n\x04TREE\x10\x05\"7\n\x04Leaf\x12\x0c\n\x04path\x18\x01 \x01(\t\x12!\n\x05space\x18\x02 \x01(\x0b\x32\x12.lockstep.v1.Space\"\xb9\x02\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x10\n\x08\x61\x63tor_id\x18\x02 \x01(\r\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x10\n\x08num_envs\x18\x04 \x01(\r\x12\x0e\n\x06\x65nv_id\x18\x05 \x01(\t\x12-\n\x11observation_space\x18\x06 \x01(\x0b\x32\x12.lockstep.v1.Space\x12(\n\x0c\x61\x63tion_space\x18\x07 \x01(\x0b\x32\x12.lockstep.v1.Space\x12\x0c\n\x04role\x18\x08 \x01(\t\x12=\n\x0e\x61gent_policies\x18\t \x03(\x0b\x32%.lockstep.v1.Hello.AgentPoliciesEntry\x1a\x34\n\x12\x41gentPoliciesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc2\x03\n\x04Step\x12(\n\x0bobservation\x18\x01 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12#\n\x06reward\x18\x02 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12\'\n\nterminated\x18\x03 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12&\n\ttruncated\x18\x04 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12(\n\x0b\x66inal_index\x18\x05 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12.\n\x11\x66inal_observation\x18\x06 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12+\n\x0e\x65pisode_return\x18\x07 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12+\n\x0e\x65pisode_length\x18\x08 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12/\n\x12observation_leaves\x18\t \x03(\x0b\x32\x13.lockstep.v1.Tensor\x12\x35\n\x18\x66inal_observation_leaves\x18\n \x03(\x0b\x32\x13.lockstep.v1.Tensor\"^\n\x0c\x41\x63torMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.lockstep.v1.HelloH\x00\x12!\n\x04step\x18\x02 \x01(\x0b\x32\x11.lockstep.v1.StepH\x00\x42\x06\n\x04kind\",\n\x07Welcome\x12\x0c\n\x04seed\x18\x01 \x01(\x04\x12\x13\n\x0blearner_run\x18\x02 \x01(\t\"T\n\x06\x41\x63tion\x12#\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x13.lockstep.v1.Tensor\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\r\n\x05retry\x18\x03 \x01(\x08\"h\n\x0eLearnerMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.lockstep.v1.WelcomeH\x00\x12%\n\x06\x61\x63tion\x18\x02 \x01(\x0b\x32\x13.lockstep.v1.ActionH\x00\x42\x06\n\x04kind2P\n\x07Learner\x12\x45\n\x07\x43onnect\x12\x19.lockstep.v1.ActorMessage\x1a\x1b.lockstep.v1.LearnerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lockstep.transport.lockstep_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_HELLO_AGENTPOLICIESENTRY']._loaded_options = None
+  _globals['_HELLO_AGENTPOLICIESENTRY']._serialized_options = b'8\001'
   _globals['_TENSOR']._serialized_start=50
   _globals['_TENSOR']._serialized_end=102
   _globals['_SPACE']._serialized_start=105
@@ -40,17 +42,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEAF']._serialized_start=413
   _globals['_LEAF']._serialized_end=468
   _globals['_HELLO']._serialized_start=471
-  _globals['_HELLO']._serialized_end=667
-  _globals['_STEP']._serialized_start=670
-  _globals['_STEP']._serialized_end=1120
-  _globals['_ACTORMESSAGE']._serialized_start=1122
-  _globals['_ACTORMESSAGE']._serialized_end=1216
-  _globals['_WELCOME']._serialized_start=1218
-  _globals['_WELCOME']._serialized_end=1262
-  _globals['_ACTION']._serialized_start=1264
-  _globals['_ACTION']._serialized_end=1348
-  _globals['_LEARNERMESSAGE']._serialized_start=1350
-  _globals['_LEARNERMESSAGE']._serialized_end=1454
-  _globals['_LEARNER']._serialized_start=1456
-  _globals['_LEARNER']._serialized_end=1536
+  _globals['_HELLO']._serialized_end=784
+  _globals['_HELLO_AGENTPOLICIESENTRY']._serialized_start=732
+  _globals['_HELLO_AGENTPOLICIESENTRY']._serialized_end=784
+  _globals['_STEP']._serialized_start=787
+  _globals['_STEP']._serialized_end=1237
+  _globals['_ACTORMESSAGE']._serialized_start=1239
+  _globals['_ACTORMESSAGE']._serialized_end=1333
+  _globals['_WELCOME']._serialized_start=1335
+  _globals['_WELCOME']._serialized_end=1379
+  _globals['_ACTION']._serialized_start=1381
+  _globals['_ACTION']._serialized_end=1465
+  _globals['_LEARNERMESSAGE']._serialized_start=1467
+  _globals['_LEARNERMESSAGE']._serialized_end=1571
+  _globals['_LEARNER']._serialized_start=1573
+  _globals['_LEARNER']._serialized_end=1653
 # @@protoc_insertion_point(module_scope)

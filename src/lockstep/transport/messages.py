@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from lockstep.transport.codec import ALLOWED_DTYPES, MAX_DIMS, CodecError, decod
 _KINDS = {"discrete": pb.Space.DISCRETE, "box": pb.Space.BOX, "multi_discrete": pb.Space.MULTI_DISCRETE,
           "multi_binary": pb.Space.MULTI_BINARY, "tree": pb.Space.TREE}
 MAX_LEAVES = 256  # leaves of one Dict/Tuple space in a hello: far above any real observation
+MAX_AGENTS = 4096  # entries of a hello's agent_policies: far above the agents of any real PettingZoo env
 
 
 def space_to_proto(spec: SpaceSpec) -> pb.Space:
@@ -81,6 +82,8 @@ class HelloInfo:
     action: SpaceSpec
     peer: str = ""  # where the hello came from, as its transport names it (for the log and refusals)
     role: str = LEARNING  # LEARNING, or OPPONENT: a self-play actor's connection for its opponents' moves
+    # a PettingZoo parallel env of several policies: each agent's policy, by which the actor laid out its slots
+    agent_policies: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -102,17 +105,23 @@ DEFAULT_HELLO_LIMITS = HelloLimits()
 
 def check_hello(msg: pb.Hello, limits: HelloLimits) -> None:
     """Refuse (``CodecError`` naming the field and its limit) a hello whose sizes are over ``limits``."""
-    for field, value in (("run_id", msg.run_id), ("env_id", msg.env_id),
-                         ("observation_space.dtype", msg.observation_space.dtype),
-                         ("action_space.dtype", msg.action_space.dtype)):
+    for name, value in (("run_id", msg.run_id), ("env_id", msg.env_id),
+                        ("observation_space.dtype", msg.observation_space.dtype),
+                        ("action_space.dtype", msg.action_space.dtype)):
         if len(value) > limits.max_id_length:
-            raise CodecError(f"hello.{field}: {len(value)} characters, over the limit of {limits.max_id_length} "
+            raise CodecError(f"hello.{name}: {len(value)} characters, over the limit of {limits.max_id_length} "
                              "(learner.max_id_length)")
+    if len(msg.agent_policies) > MAX_AGENTS:
+        raise CodecError(f"hello.agent_policies: {len(msg.agent_policies)} agents, over the limit of {MAX_AGENTS}")
+    if any(len(agent) > limits.max_id_length or len(policy) > limits.max_id_length
+           for agent, policy in msg.agent_policies.items()):
+        raise CodecError(f"hello.agent_policies: an agent or policy name over the limit of {limits.max_id_length} "
+                         "characters (learner.max_id_length)")
     if msg.num_envs > limits.max_envs:
         raise CodecError(f"hello.num_envs: {msg.num_envs} envs, over the limit of {limits.max_envs} per actor "
                          "(learner.max_envs_per_actor); run more actors with fewer envs each")
-    for field, space in (("observation_space", msg.observation_space), ("action_space", msg.action_space)):
-        _check_space_sizes(space, f"hello.{field}", limits)
+    for name, space in (("observation_space", msg.observation_space), ("action_space", msg.action_space)):
+        _check_space_sizes(space, f"hello.{name}", limits)
 
 
 def _check_space_sizes(space: pb.Space, name: str, limits: HelloLimits) -> None:
@@ -151,6 +160,7 @@ def hello_from_proto(msg: pb.Hello, limits: HelloLimits = DEFAULT_HELLO_LIMITS, 
         num_envs=int(msg.num_envs), env_id=msg.env_id,
         observation=space_from_proto(msg.observation_space, "hello.observation_space"),
         action=space_from_proto(msg.action_space, "hello.action_space"), role=_role(msg.role),
+        agent_policies=dict(msg.agent_policies),
     )
 
 
@@ -321,7 +331,8 @@ def _check_fields(data: StepData, k: int, obs_shape: tuple, obs_dtype: np.dtype,
 
 def _check_values(data: StepData, bounds: StepBounds, observation: SpaceSpec) -> StepData:
     """Refuse (or with ``bounds.sanitize`` replace) values out of ``bounds``, and episode lengths below 1;
-    a tree observation leaf by leaf, its discrete leaves also against their ranges."""
+    a tree observation leaf by leaf. A discrete observation (a flat one or a tree's leaf) is also checked
+    against its range, after any replacement: ``sanitize`` never clips a discrete value into its space."""
     for name, bound in _BOUNDED:
         value = getattr(data, name)
         if value.dtype.names:  # records: each leaf is bounded as a flat observation is
@@ -333,7 +344,11 @@ def _check_values(data: StepData, bounds: StepBounds, observation: SpaceSpec) ->
                     value[path] = checked
                 _check_range(checked, where, leaf)
         else:
-            setattr(data, name, _bounded(value, f"step.{_FIELD[name]}", bound, bounds))
+            where = f"step.{_FIELD[name]}"
+            checked = _bounded(value, where, bound, bounds)
+            setattr(data, name, checked)
+            if bound == "max_observation":  # obs and final_obs: of the observation space
+                _check_range(checked, where, observation)
     lengths = data.episode_length
     if len(lengths) and lengths.min() < 1:
         raise CodecError(f"step.episode_length: {lengths.tolist()} holds a length below 1; a finished episode "
@@ -378,8 +393,11 @@ def _check_range(value: np.ndarray, where: str, leaf: SpaceSpec) -> None:
     if not value.size or leaf.kind not in ("discrete", "multi_discrete", "multi_binary"):
         return
     top = {"discrete": leaf.n, "multi_binary": 2}.get(leaf.kind)
-    high = np.asarray(leaf.nvec).reshape(leaf.shape) if top is None else top
-    if value.min() < 0 or (value >= high).any():
+    if top is None:
+        outside = value.min() < 0 or (value >= np.asarray(leaf.nvec).reshape(leaf.shape)).any()
+    else:  # one bound for every value: two reductions, no temporary array
+        outside = value.min() < 0 or value.max() >= top
+    if outside:
         raise CodecError(f"{where}: values outside {leaf.describe()} (each must lie in [0, n)); fix the environment "
                          "or its observation space")
 

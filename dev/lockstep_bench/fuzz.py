@@ -9,15 +9,17 @@ hypothesis strategies below) is one client's conversation with it, over gRPC or 
 - a hello whose every field is drawn from valid, edge and invalid values: the protocol revision, the actor id
   (fresh, reused, the honest actor's, the largest), the run id (fresh, empty, at its length limit, over it, one
   that ended), the env count (whole envs, 0, over the limit, not whole envs of a multi-agent env), the env id,
-  the role, and the observation or action space with one thing changed (a leaf's dtype, shape, n, bounds,
+  the role, the agent -> policy mapping (swapped, an agent dropped or added, none, a policy the learner has not),
+  and the observation or action space with one thing changed (a leaf's dtype, shape, n, bounds,
   kind or path, a leaf dropped, added, nested or moved, the spaces of another layout of the agents: other
   policies, the other critic input, agent ids);
 - steps with observations of every leaf kind in and out of range, NaN and infinities, masks that allow
   nothing, rewards and flags of every kind, wrong final observations, episode returns and lengths, wrong
   dtypes, shapes and byte counts (gRPC), wrong frames (shared memory);
-- messages out of order (a step before the hello, a second hello, bytes that are no message), reconnects with
-  the same id (the first connection is then refused as replaced) and with the honest actor's id (a hello that
-  must be refused, which must leave the honest actor alone), and disconnects at every point, while held too.
+- messages out of order (a step before the hello, a second hello, bytes that are no message), a valid hello
+  again after a refused one with the same actor id, reconnects with the same id (the first connection is then
+  refused as replaced) and with the honest actor's id (a hello that must be refused, which must leave the
+  honest actor alone), and disconnects at every point, while held too.
 
 An example's oracle is independent of the learner's checks: a hello or step with something invalid in it must
 be refused, with a named status (never INTERNAL or UNKNOWN; over shared memory a REFUSED frame before the
@@ -139,7 +141,8 @@ TARGETS = {target.name: target for target in (
 # are not whole envs of a multi-agent env are drawn more often, for they reach the backend before the refusal
 INVALID_HELLO = ("space", "space", "space", "space", "space", "space", "protocol:old", "protocol:future", "run:over",
                  "run:ended", "envs:zero", "envs:over", "envs:partial", "envs:partial", "envs:partial",
-                 "env_id:long", "role:opponent", "role:bogus")
+                 "env_id:long", "role:opponent", "role:bogus", "mapping:swap", "mapping:drop", "mapping:extra",
+                 "mapping:none", "mapping:rename")
 SPACE_MUTATIONS = ("dtype", "shape", "n", "bounds", "kind", "unknown-kind", "bad-dtype", "negative-shape", "huge",
                    "path", "drop-leaf", "extra-leaf", "swap-leaves", "nested", "duplicate-path", "as-tree",
                    "empty-tree", "variant")
@@ -167,13 +170,17 @@ class HelloPlan:
     env_id: str = "same"  # same, other, long (over the limit)
     role: str = ""  # "", learning, opponent, bogus
     protocol: str = "same"  # same, old, future
+    # agent_policies: same (the learner's), swap (policies moved between agents), drop (an agent left out), extra
+    # (an agent the env has not), none (no mapping), rename (an agent mapped to a policy the learner has not)
+    mapping: str = "same"
     space: str = ""  # "" or observation or action: the space a mutation changes
     mutation: str = ""  # one of SPACE_MUTATIONS
     pick: int = 0  # which leaf (or variant) the mutation changes
 
     def key(self) -> tuple:
         """The fields that make another hello (not which leaf a mutation picks, nor how many whole envs)."""
-        return (self.actor, self.run, self.envs, self.env_id, self.role, self.protocol, self.space, self.mutation)
+        return (self.actor, self.run, self.envs, self.env_id, self.role, self.protocol, self.mapping, self.space,
+                self.mutation)
 
     def invalid(self, target_agents: int, several_policies: bool) -> list[str]:
         """What in this hello must get it refused (empty: it must be welcomed)."""
@@ -183,6 +190,8 @@ class HelloPlan:
             ("role", self.role, ("opponent", "bogus"))) if value in bad]
         if self.envs == "partial" and several_policies:
             why.append("envs partial")
+        if self.mapping != "same" and (several_policies or self.mapping != "none"):
+            why.append(f"mapping {self.mapping}")
         if self.space:
             why.append(f"{self.space} {self.mutation}")
         return why
@@ -469,8 +478,28 @@ class Fuzzing:
         hello = pb.Hello(protocol={"same": PROTOCOL, "old": 0, "future": PROTOCOL + 1}[plan.protocol],
                          actor_id=self.actor_id(plan, rng), run_id=run_id, num_envs=self.num_envs(plan),
                          env_id={"same": self.target.env, "other": "SomethingElse-v0", "long": "e" * 300}[plan.env_id],
-                         observation_space=observation, action_space=action, role=plan.role)
+                         observation_space=observation, action_space=action, role=plan.role,
+                         agent_policies=self.mapping(plan.mapping))
         return hello, why
+
+    def mapping(self, how: str) -> dict[str, str]:
+        """The hello's agent -> policy mapping: the learner's, or changed by ``how`` (``HelloPlan.mapping``)."""
+        ours = dict(self.spec.agent_policies)
+        if how == "same":
+            return ours
+        if how == "none":
+            return {}
+        if not ours:  # a learner of one policy: any mapping is another one
+            return {"agent_0": "policy"}
+        agents = list(ours)
+        if how == "swap":
+            policies = [ours[agent] for agent in agents]
+            return dict(zip(agents, policies[1:] + policies[:1]))
+        if how == "drop":
+            return {agent: ours[agent] for agent in agents[:-1]}
+        if how == "extra":
+            return {**ours, "stranger_0": ours[agents[0]]}
+        return {**ours, agents[0]: "nobody"}
 
 
 def mutate_space(space: pb.Space, how: str, pick: int, own: SpaceSpec, variants: list[tuple[str, EnvSpec]],

@@ -16,7 +16,8 @@ hypothesis strategies below) is one client's conversation with it, over gRPC or 
 - steps with observations of every leaf kind in and out of range, NaN and infinities, masks that allow
   nothing, rewards and flags of every kind, wrong final observations, episode returns and lengths, wrong
   dtypes, shapes and byte counts (gRPC), wrong frames (shared memory);
-- messages out of order (a step before the hello, a second hello, bytes that are no message), a valid hello
+- messages out of order or cut (a step before the hello, a second hello, bytes that are no message, half a
+  hello, a hello chunk longer than its header said, a hello over the size limit), a valid hello
   again after a refused one with the same actor id, reconnects with the same id (the first connection is then
   refused as replaced) and with the honest actor's id (a hello that must be refused, which must leave the
   honest actor alone), and disconnects at every point, while held too.
@@ -80,6 +81,7 @@ T = 64  # steps per env of a phase: long enough that the audit has few batches t
 HONEST_ID = 0
 NAMED = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED",
                    "DEADLINE_EXCEEDED", "UNAVAILABLE", "UNAUTHENTICATED"})  # a refusal's status names the cause
+RSS_EVERY = 25  # examples between two readings of the learner's memory (the report's trace)
 PATIENCE_S = 3.0  # a step answered later than this is held (or the learner is slow): the client then leaves
 KINDS = "pettingzoo:lockstep.envs.kinds"
 
@@ -158,7 +160,11 @@ GRPC_MUTATIONS = ("obs-dtype", "obs-shape", "obs-rows", "reward-dtype", "flags-d
 SHM_MUTATIONS = ("frame-short", "frame-long", "frame-kind", "frame-m", "frame-e", "hello-again")
 # retry: a client refused at its hello says hello again on a new connection, with the same actor id and a valid hello
 ENDINGS = ("close", "close", "held", "silent", "replace-same", "replace-honest")
-OPENINGS = ("hello", "hello", "hello", "hello", "hello", "hello", "step-first", "garbage-first", "nothing")
+# before or instead of a whole hello: a step, bytes that are no message, nothing (connect and leave), half a hello
+# (shared memory: its header, then half its bytes, then leave; gRPC: its bytes cut in half, a message of their
+# own), a hello chunk longer than its header said (gRPC: no message), a hello over the message size limit
+OPENINGS = ("hello", "hello", "hello", "hello", "hello", "hello", "hello", "hello", "step-first", "garbage-first",
+            "nothing", "half-hello", "long-chunk", "huge-hello")
 
 
 @dataclass
@@ -973,6 +979,7 @@ class Outcome:
     at: str = ""  # where: hello, step N, ...
     findings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    answers: int = 0  # steps answered with actions
 
 
 def drive(session: Session, fuzzing: Fuzzing, learner: FuzzedLearner) -> Outcome:
@@ -1050,13 +1057,7 @@ class _Conversation:
         w = self.open()
         hello, why = fuzzing.hello(session.hello, self.rng)
         if session.opening != "hello":
-            garbage = b"\x00\x01 not a message" if session.opening == "garbage-first" else None
-            if session.transport == "grpc":
-                spec = fuzzing.spec.observation
-                w.send(garbage or step_message(make_step(StepPlan(), spec, 1), "", spec, 1))
-            else:
-                w.send(garbage or wire.STEP.pack(wire.STEP_KIND, 0, 0))
-            self.expect_refusal(w, "a first message that is no hello")
+            self.open_badly(w, hello)
             return
         k = hello.num_envs
         if hello.actor_id != HONEST_ID:  # welcomed or not: a later hello may reuse it
@@ -1081,6 +1082,29 @@ class _Conversation:
                 self.hold(w, k)
         finally:
             fuzzing.ended_runs.append(welcomed_run)
+
+    def open_badly(self, w: GrpcWire | ShmWire, hello: pb.Hello) -> None:
+        """Begin with something other than a whole hello (``OPENINGS``): it must be refused, or left by the client."""
+        how, body = self.session.opening, hello.SerializeToString()
+        if how == "half-hello" and isinstance(w, ShmWire):
+            w.send(wire.HELLO.pack(wire.HELLO_MAGIC, len(body)))
+            w.send(body[:len(body) // 2])
+            time.sleep(0.05)  # the learner reads it, then the client leaves
+            return
+        if isinstance(w, GrpcWire):
+            spec = self.fuzzing.spec.observation
+            w.send({"step-first": step_message(make_step(StepPlan(), spec, 1), "", spec, 1),
+                    "half-hello": pb.ActorMessage(hello=hello).SerializeToString()[:len(body) // 2],
+                    "huge-hello": pb.ActorMessage(hello=pb.Hello(run_id="r" * (65 << 20))).SerializeToString(),
+                    }.get(how, b"\x00\x01 not a message"))
+        elif how == "long-chunk":
+            w.send(wire.HELLO.pack(wire.HELLO_MAGIC, 10))
+            w.send(body[:20] + b"\0" * 20)
+        elif how == "huge-hello":
+            w.send(wire.HELLO.pack(wire.HELLO_MAGIC, 2**31))
+        else:
+            w.send(wire.STEP.pack(wire.STEP_KIND, 0, 0) if how == "step-first" else b"\x00\x01 not a message")
+        self.expect_refusal(w, f"a first message that is no hello ({how})")
 
     def say_hello(self, w: GrpcWire | ShmWire, hello: pb.Hello, why: list[str], at: str) -> bool:
         """Send ``hello``; whether it was welcomed (findings where that contradicts ``why``)."""
@@ -1170,6 +1194,7 @@ class _Conversation:
                 self.outcome.findings.append(f"{at}: answered, though it must be refused")
                 return
             self.outcome.result, self.outcome.at = "answered", at
+            self.outcome.answers += 1
 
     def hold(self, w: GrpcWire | ShmWire, k: int) -> None:
         """Step validly until a request is held (its unroll is complete), then leave while it is."""
@@ -1177,6 +1202,7 @@ class _Conversation:
             self.send_step(w, StepPlan(seed=int(self.rng.integers(2**31)), done=0.2), k)
             try:
                 w.reply()
+                self.outcome.answers += 1
             except Timeout:
                 self.outcome.result, self.outcome.at = "held", f"held at step {i}"
                 return
@@ -1235,6 +1261,7 @@ class TargetReport:
     learner_starts: int = 0
     exit_code: int | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # start, examples, audit
+    rss_trace_mb: list[float] = field(default_factory=list)  # every RSS_EVERY examples
 
     def add_finding(self, finding: str, session: str = "") -> None:
         self.findings.append({"session": session, "finding": finding})
@@ -1274,6 +1301,8 @@ def run_target(target: Target, examples: int, folder: Path, seed: int = 0, rss_b
                 report.add_finding(finding, outcome.session)
             if len(report.outcomes) == warm_at:
                 report.rss_warm_mb = learner.rss_mb()
+            if len(report.outcomes) % RSS_EVERY == 0 and learner.alive():
+                report.rss_trace_mb.append(round(learner.rss_mb(), 1))
             log(f"[{target.name} {len(report.outcomes)}/{examples}] {outcome.result} {outcome.code} {outcome.at} "
                 f"({outcome.seconds:g} s)" + "".join(f"\n  FINDING {f.splitlines()[0][:300]}\n  {outcome.session}"
                                                      for f in outcome.findings))
@@ -1394,7 +1423,8 @@ def run(examples: int, out: Path, seed: int = 0, targets: list[str] | None = Non
                      "iterations_during": r.rows_after - r.rows_before, "rss_warm_mb": round(r.rss_warm_mb, 1),
                      "rss_end_mb": round(r.rss_end_mb, 1), "exit_code": r.exit_code,
                      "by_outcome": dict(Counter(o.result for o in r.outcomes)),
-                     "findings": len(r.findings), "seconds": r.seconds} for r in reports],
+                     "findings": len(r.findings), "seconds": r.seconds, "rss_trace_mb": r.rss_trace_mb}
+                    for r in reports],
         "outcomes": [{"target": r.target, **dataclasses.asdict(o)} for r in reports for o in r.outcomes],
     }
     atomic_write(out / "fuzz.json", json.dumps(report, indent=1))

@@ -38,10 +38,9 @@ def test_no_generated_client_ends_the_run_refused_data_stays_out_of_batches_and_
     assert report.examples == EXAMPLES
     assert not report.findings, _findings(report)
     assert report.rows_after > report.rows_before  # the honest actor's iterations rose while the clients ran
-    results = {o.result for o in report.outcomes}
-    assert {"refused", "answered"} <= results, results  # the examples reach steps, and refusals of both kinds
+    assert sum(o.answers for o in report.outcomes) > 0  # the examples reach steps that are answered ...
     refused_at = {o.at.split(" ")[0] for o in report.outcomes if o.result == "refused"}
-    assert {"hello", "step"} <= refused_at, refused_at
+    assert {"hello", "step"} <= refused_at, refused_at  # ... and hellos and steps that are refused
 
 
 def test_a_session_is_rebuilt_from_its_description():

@@ -452,7 +452,7 @@ class Fuzzing:
         if plan.run == "empty":
             return ""
         if plan.run == "limit":
-            return "r" * 255 + uuid.uuid4().hex[0]
+            return "r" * (256 - 32) + uuid.uuid4().hex  # at learner.max_id_length, and new
         if plan.run == "over":
             return "r" * 257
         if plan.run == "ended" and len(self.ended_runs) > 1:  # not the newest: its close may be on its way

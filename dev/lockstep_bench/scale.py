@@ -16,7 +16,7 @@ learner waits for all N (``learner.min_actors``) and trains until ``seconds`` of
     KB per connection        (RSS while training - idle RSS) / N: every cost that grows with the actors
                              (connections, sessions, unrolls, the batch); the table's marginal column
                              is the same between two sizes, without the fixed costs
-    stalls                   phases that collected longer than ``stall_s`` (and the watchdog's warnings)
+    stalls                   phases past the stall rule, floor ``stall_s`` (and the watchdog's warnings)
     errors                   anything that is not a clean run: a learner that failed or had to be killed
                              because no phase closed for ``stuck_s`` (stuck), a stream that did not end
                              normally, transitions collected but never trained, or books that disagree:
@@ -64,7 +64,7 @@ class ScaleOptions:
     steps_per_env: int = 8  # T
     actors_per_process: int = 250  # simulated actors per client process
     episode_length: int = 32  # steps between the simulated envs' episode ends
-    stall_s: float = 5.0  # sync.stall_s: a phase collecting longer counts as a stall
+    stall_s: float = 5.0  # sync.stall_s: the stall rule's floor (a phase collecting longer may count as a stall)
     stuck_s: float = 90.0  # no phase closed for this long: the run is stuck, killed and reported
     startup_s: float = 180.0  # for the learner to listen, and for N actors to connect
 

@@ -5,8 +5,8 @@ with agents that leave early, ``env.obs_keys`` with many agents. Each example (a
 hypothesis strategies below) is a small env of ``lockstep.envs.generated`` in generated spaces:
 
 - the observation: a Box (1-3 dimensions, float32 or uint8; uint8 [C, H, W] is an image, rarely one of 36
-  pixels for the Nature CNN), Discrete, MultiDiscrete or MultiBinary leaf, or a Dict or Tuple of them nested
-  up to 3 deep;
+  pixels for the Nature CNN; uint8 (H, W, C) one that the actor transposes, ``envs.images``), Discrete,
+  MultiDiscrete or MultiBinary leaf, or a Dict or Tuple of them nested up to 3 deep;
 - the action: a Discrete, MultiDiscrete, MultiBinary or Box, or a one-level Dict or Tuple of them;
 - an action mask under a generated key or none, ``env.obs_keys`` or none, ``env.normalize_obs`` on or off,
   ``learner.inference_kernel`` auto (numpy where it applies) or torch, eval's sampled or deterministic play;
@@ -139,13 +139,19 @@ KEYS = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=6).filter(
 @st.composite
 def box_leaves(draw) -> dict[str, Any]:
     """A float32 Box of 1-3 dimensions (bounded or not), or a uint8 one; a uint8 [C, H, W] is an image, one in
-    four of them 36 x 36 (the Nature CNN's smallest: slower, so not more)."""
+    four of them 36 x 36 (the Nature CNN's smallest: slower, so not more), and half of the others channels-last
+    (H, W, C: C of 1, 3 or 4, less than H and W), which the actor transposes (one agent: ``envs.images``; a
+    PettingZoo env's slots take it as it is)."""
     dims = draw(st.integers(1, 3))
     if draw(st.booleans()):
         return {"box": draw(st.lists(st.integers(1, 4), min_size=dims, max_size=dims)),
                 "scale": draw(st.sampled_from([1.0, 100.0, None]))}
     if dims == 3 and draw(st.integers(0, 3)) == 0:
         return {"box": [1, 36, 36], "dtype": "uint8"}
+    if dims == 3 and draw(st.booleans()):
+        channels = draw(st.sampled_from([1, 3, 4]))
+        side = st.integers(max(3, channels + 1), 6)
+        return {"box": [draw(side), draw(side), channels], "dtype": "uint8"}
     if dims == 3:
         return {"box": [draw(st.integers(1, 3)), draw(st.integers(2, 6)), draw(st.integers(2, 6))], "dtype": "uint8"}
     return {"box": draw(st.lists(st.integers(1, 4), min_size=dims, max_size=dims)), "dtype": "uint8"}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lockstep import config as config_lib
+from lockstep.launch import ActorsGone
 from lockstep.learner import RunFailed
 from lockstep.observe.tracking import MissingExtra
 from lockstep.transport.grpc import security
@@ -122,11 +123,14 @@ def resolve_config(args: argparse.Namespace) -> config_lib.Config:
         config = config_lib.default_config(getattr(args, "env.id"))
     else:  # a lone learner: its actors start elsewhere, with env counts that no preset describes
         config = config_lib.Config()
+    env_id, given = config.env.id, set()
     for s in config_lib.SETTINGS:  # the flags, then --set, override the file
         value = getattr(args, s.dotted, None)
         if value is not None:
             config_lib.set_value(config, s.dotted, value)
-    config_lib.apply_sets(config, args.set)
+            given.add(s.dotted)
+    given.update(config_lib.apply_sets(config, args.set))
+    config_lib.drop_thresholds_of_another_env(config, env_id, given)
     config_lib.name_run(config)
     config.validate()
     return config
@@ -213,6 +217,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
 # the config fields `lockstep actor` takes, with its flags for them (--num-envs: the name it had before)
 ACTOR_SETTINGS = {"env.id": ("--env",), "env.obs_keys": ("--obs-keys",), "env.kwargs": ("--env-kwargs",),
                   "env.agent_id": ("--agent-id",), "env.action_mask_key": ("--action-mask-key",),
+                  "env.image_layout": ("--image-layout",),
                   "actors.envs_per_actor": ("--envs-per-actor", "--num-envs"), "actors.vector": ("--vector",),
                   "model.critic_input": ("--critic-input",)}  # global: the slots carry the env's state
 
@@ -247,7 +252,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     return evaluation.main(Path(args.run_dir), episodes=args.episodes, deterministic=args.deterministic,
                            seed=args.seed, device=args.device, checkpoint=args.checkpoint, video=args.video,
-                           out=args.out, opponent=args.opponent)
+                           out=args.out, opponent=args.opponent, torch_threads=args.torch_threads)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -310,7 +315,7 @@ HELP = {
              "learner, no gRPC) and plays --episodes episodes (atari: ids whole games, raw scores). Prints each\n"
              "return and length and the mean ± std, and writes RUN_DIR/eval.json. A PettingZoo parallel env's\n"
              "episodes are its env's, the policy acting for every agent: each policy's, the team's and each\n"
-             "agent's returns.",
+             "agent's returns. Warns when the run failed, was stopped or has not finished (no summary.json).",
              "lockstep eval runs/NAME --episodes 20 --deterministic\n"
              "lockstep eval runs/NAME --episodes 3 --video videos/   # videos/episode-000.mp4, ...\n"
              "lockstep eval runs/NAME --checkpoint best   # a run with --eval-every: its best evaluated version"),
@@ -397,10 +402,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds the env's resets and the action noise (default 0)")
     p.add_argument("--video", metavar="DIR", help="write DIR/episode-NNN.mp4 per episode (pip install -e '.[video]')")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    p.add_argument("--torch-threads", type=int, metavar="N",
+                   help="torch's threads (default: the run's learner.torch_threads, as its learner ran)")
     p.add_argument("--out", metavar="FILE.json", help="where to write the results (default RUN_DIR/eval.json)")
     p.add_argument("--opponent", metavar="random|self|RUN_DIR",
                    help="a turn-based game's opponent (default random): random legal moves, the policy itself, or "
-                        "another run's final policy; eval.json gets win_rate, draw_rate and loss_rate")
+                        "another run's final policy; eval.json gets win_rate, draw_rate and loss_rate over the "
+                        "learning player's games, and the games the opponent decided before it moved "
+                        "(decided_before_move, no episodes)")
     p.set_defaults(func=cmd_eval)
 
     p = _command(sub, "plot")
@@ -462,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed command ``args.func``: its exit code, errors printed as one line with exit code 2 (1: the
+    """Run the parsed command ``args.func``: its exit code, errors printed as one line with exit code 2 (1: the run or
     learner failed)."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
@@ -476,6 +485,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except RunFailed as err:  # its traceback was logged once, when it happened
         print(f"lockstep: {err} (its traceback is in the log above; summary.json records it)", file=sys.stderr)
+        return 1
+    except ActorsGone as err:  # each actor logged why it ended
+        print(f"lockstep: the run failed: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as err:  # 128 + the signal: 130 for SIGINT, 143 for SIGTERM (launch.local.Interrupted)
         print("lockstep: interrupted", file=sys.stderr)

@@ -45,6 +45,7 @@ InferenceKernel = Literal["auto", "torch"]
 ModelKind = Literal["auto", "mlp", "nature-cnn", "small-cnn"]
 Activation = Literal["tanh", "relu"]
 CriticInput = Literal["own", "global"]
+ImageLayout = Literal["auto", "channels_first", "channels_last"]  # lockstep.envs.images.IMAGE_LAYOUTS
 SyncStrategy = Literal[SYNC_NAMES]  # the registry in lockstep.sync names the strategies
 
 
@@ -64,8 +65,10 @@ def setting(default: Any, help: str, *, flag: str | None = None, ge: float | Non
 class EnvConfig:
     """The environment every actor steps, and what the learner does to its observations and rewards."""
 
-    id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), atari:GAME, minatar:GAME, minigrid:ENV, "
-                                     "pettingzoo:MODULE, masked:ENV or package.module:callable", flag="--env")
+    id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), module:EnvId (a package that registers "
+                                     "EnvId when imported, e.g. ale_py:ALE/Pong-v5), atari:GAME, minatar:GAME, "
+                                     "minigrid:ENV, pettingzoo:MODULE, masked:ENV or package.module:callable (a "
+                                     "function that returns a gymnasium.Env)", flag="--env")
     kwargs: dict[str, Any] = setting({}, "keyword arguments for the env's constructor (gym.make, a PettingZoo "
                                          "parallel_env, your callable), e.g. {N: 4, max_cycles: 50}; every actor "
                                          "builds its envs with them", flag="--env-kwargs")
@@ -78,6 +81,11 @@ class EnvConfig:
     action_mask_key: str = setting("action_mask", "a Dict observation's leaf that masks the Discrete and "
                                    "MultiDiscrete actions (one number per choice, 0: not allowed), if it has one; "
                                    "empty: no mask")
+    image_layout: ImageLayout = setting(
+        "auto", "the channel order of the uint8 image observations of a Gymnasium id, a factory or a PettingZoo "
+                "parallel env (H, W, C: channels_last; C, H, W: channels_first), which the actors transpose to "
+                "lockstep's [C, H, W]; auto: channels-last where the last axis is 1, 3 or 4 and smaller than the "
+                "other two", flag="--image-layout")
     normalize_obs: bool = setting(False, "keep a running mean/std of observations (of each Box leaf that is not "
                                          "a uint8 image), part of the policy snapshot")
     normalize_reward: bool = setting(False, "scale rewards by the std of the discounted return")
@@ -85,12 +93,15 @@ class EnvConfig:
     clip_reward: float = setting(10.0, "clip rewards to this magnitude after scaling", gt=0)
 
     def vector_kwargs(self) -> dict[str, Any]:
-        """What an actor's vector env is built with: ``kwargs``, and for a PettingZoo parallel env ``agent_id`` and
-        ``action_mask_key`` (which its slots of departed agents fill with ones) under keys of lockstep's own,
-        which ``envs.make_vector_env`` takes out before the env's constructor sees the rest."""
+        """What an actor's vector env is built with: ``kwargs``, ``image_layout`` other than auto, and for a PettingZoo
+        parallel env ``agent_id`` and ``action_mask_key`` (which its slots of departed agents fill with ones) under
+        keys of lockstep's own, which ``envs`` takes out before the env's constructor sees the rest."""
+        from lockstep.envs.images import IMAGE_LAYOUT_KWARG
         from lockstep.envs.pettingzoo import AGENT_ID_KWARG, DEFAULT_MASK_KEY, MASK_KEY_KWARG
 
         own = {AGENT_ID_KWARG: True} if self.agent_id else {}
+        if self.image_layout != "auto":
+            own[IMAGE_LAYOUT_KWARG] = self.image_layout
         if self.action_mask_key != DEFAULT_MASK_KEY and _parallel_multiagent(self.id):
             own[MASK_KEY_KWARG] = self.action_mask_key
         return {**self.kwargs, **own}
@@ -251,7 +262,10 @@ class SyncConfig:
                                                "(collection overlaps training, lag <= sync.max_lag)", flag="--sync")
     max_lag: int = setting(1, "pipelined: the most versions a sample may lag the version that trains on it "
                               "(0 is sync.strategy strict)", flag="--max-lag", ge=1)
-    stall_s: float = setting(10.0, "a phase collecting longer than this counts as a stall (and is logged)", gt=0)
+    stall_s: float = setting(10.0, "the stall rule's floor: a phase collecting longer than this and than 3 x the "
+                                   "median collect time of the last 20 phases counts as a stall and is logged with "
+                                   "the actors it waits for (before any phase has closed: longer than this); a "
+                                   "steady pace is no stall, however slow (docs/reliability.md)", gt=0)
     step_deadline_s: float = setting(300.0, "the step deadline's ceiling: an actor the oldest open phase waits "
                                             "for that sends no step for this long after the learner's last answer "
                                             "is evicted, as if it had disconnected (its unfinished unroll "
@@ -302,7 +316,8 @@ class RunConfig:
     seed: int = setting(1, "the run's seed (the welcome carries it to the actors as an unsigned 64-bit integer)",
                         flag="--seed", ge=0, le=2**64 - 1)
     thresholds: list[float] = setting([], "returns whose first crossing summary.json records, any numbers (empty: "
-                                          "the env's reward_threshold)")
+                                          "the env's reward_threshold); a config file's are dropped when the "
+                                          "command line changes its env.id and gives none")
     checkpoint_every: int = setting(0, "iterations between periodic checkpoints (0: none by count)",
                                     flag="--checkpoint-every", ge=0)
     checkpoint_minutes: float = setting(0.0, "minutes between periodic checkpoints (0: none by time)",
@@ -773,13 +788,28 @@ def default_config(env_id: str | None = None) -> Config:
     return Config()
 
 
-def apply_sets(config: Config, items: list[str]) -> None:
-    """Apply ``--set KEY=VALUE`` items (``section.key=value``) in order."""
+def apply_sets(config: Config, items: list[str]) -> list[str]:
+    """Apply ``--set KEY=VALUE`` items (``section.key=value``) in order; the keys they set."""
+    keys = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
         set_value(config, key.strip(), value.strip())
+        keys.append(key.strip())
+    return keys
+
+
+def drop_thresholds_of_another_env(config: Config, env_id: str, given: set[str]) -> None:
+    """A config file's ``run.thresholds`` are returns of its env ``env_id`` (a preset's: the figures its env is
+    judged by, HalfCheetah's 1443): when the command line moves the run to another env and gives no thresholds
+    of its own (``given``: the keys it set), they are dropped with a note, and the run records the new env's own
+    ``reward_threshold`` instead (``Config.return_thresholds``)."""
+    if config.env.id == env_id or not config.run.thresholds or "run.thresholds" in given:
+        return
+    log.info("run.thresholds %s are %s's; dropped for %s, which records its own reward_threshold if it "
+             "registers one (set run.thresholds to choose)", config.run.thresholds, env_id, config.env.id)
+    config.run.thresholds = []
 
 
 def name_run(config: Config) -> Path:

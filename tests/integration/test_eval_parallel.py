@@ -94,11 +94,12 @@ def test_lockstep_eval_of_a_parallel_run_writes_per_agent_team_and_per_policy_re
     assert all(e["length"] == CYCLES for e in result["episodes"])
     assert all(a["length"] == CYCLES for e in result["episodes"] for a in e["agents"].values())
     shared = result["policies"][SHARED_POLICY]
-    assert (f"policy {SHARED_POLICY} (agent_0, agent_1): mean return {shared['mean']:.1f} ± {shared['std']:.1f} "
-            "per agent over 4 agent episodes") in out
-    assert f"team: mean return {result['team']['mean']:.1f} ± {result['team']['std']:.1f} over 2 episodes" in out
+    number, team = evaluation.number, result["team"]
+    assert (f"policy {SHARED_POLICY} (agent_0, agent_1): mean return {number(shared['mean'])} ± "
+            f"{number(shared['std'])} per agent over 4 agent episodes") in out
+    assert f"team: mean return {number(team['mean'])} ± {number(team['std'])} over 2 episodes" in out
     first = result["episodes"][0]
-    assert f"episode 1: team return {first['team_return']:.1f}, length {CYCLES}; agent_0 " in out
+    assert f"episode 1: team return {number(first['team_return'])}, length {CYCLES}; agent_0 " in out
 
 
 def test_an_agents_return_counts_until_it_left_and_the_episode_until_every_agent_had(departures, tmp_path):

@@ -66,7 +66,7 @@ def test_an_exception_after_one_optimizer_step_leaves_no_final_checkpoint_and_re
     assert [p.name for p in checkpoint.periodic(checkpoints)] == ["iter_000002.pt", "iter_000004.pt"]
     assert [row["iteration"] for row in RunDir(run_dir).metrics()] == [1, 2, 3, 4]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert "injected fault" in summary["error"] and summary["checkpoint"] is None
+    assert "injected fault" in summary["error"] and summary["checkpoint"] is None and summary["status"] == "failed"
     assert summary["iterations"] == 4 and summary["transitions_trained"] == 4 * 32
     # the failed iteration's batch (32 transitions) was collected and not trained: dropped, and counted
     assert summary["dropped_transitions"] >= 32
@@ -78,6 +78,7 @@ def test_an_exception_after_one_optimizer_step_leaves_no_final_checkpoint_and_re
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"] == "checkpoints/iter_000004.pt" and summary["error"] is None
+    assert summary["status"] == "completed"
     assert summary["iterations"] == 6 and summary["checkpoint"] == "checkpoints/final.pt"
     assert [row["iteration"] for row in RunDir(run_dir).metrics()] == [1, 2, 3, 4, 5, 6]
     assert checkpoint.load(checkpoints / "final.pt")["trainer"]["iteration"] == 6

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import lockstep_cmd
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from lockstep_bench.spaces import Case, cases, expected_refusal, run_case
 
 from lockstep.envs.generated import Generated, GeneratedParallel, MaskViolation
@@ -35,8 +35,14 @@ def _check(case: Case, tmp_path_factory) -> None:
         assert expected_refusal(case) in outcome.message
 
 
+# a channels-last image leaf beside a vector, which the actor transposes to [C, H, W] (``envs.images``)
+CHANNELS_LAST = Case(observation={"dict": {"frame": {"box": [5, 4, 3], "dtype": "uint8"}, "v": {"box": [2]}}},
+                     action={"discrete": 3})
+
+
 @settings(SUITE, max_examples=32)
 @given(case=cases())
+@example(case=CHANNELS_LAST)
 def test_generated_spaces_of_one_agent_train_pass_the_audit_and_evaluate(case, tmp_path_factory):
     _check(case, tmp_path_factory)
 

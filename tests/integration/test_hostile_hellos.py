@@ -172,7 +172,7 @@ def test_absurd_hellos_over_grpc_and_the_unix_socket_are_refused_by_name_and_the
     at_the_end_of_the_hellos = learner.rows()
     learner.wait_rows(at_the_end_of_the_hellos)  # it trains on after the hellos
     summary, actor_out = learner.stop()
-    assert summary["iterations"] > at_the_end_of_the_hellos, actor_out
+    assert summary["iterations"] > at_the_end_of_the_hellos and summary["status"] == "stopped", actor_out
     assert "refused" not in actor_out
 
 

@@ -9,6 +9,7 @@ import pytest
 from conftest import with_settings
 
 from lockstep.config import Config
+from lockstep.launch import ActorsGone
 from lockstep.launch.local import train
 from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
@@ -74,15 +75,32 @@ def test_an_in_process_actor_whose_env_raises_is_restarted_and_its_unroll_droppe
 
 
 def test_a_run_whose_every_actor_died_for_good_ends_with_an_error_instead_of_waiting(tmp_path, monkeypatch):
-    """One actor, no restarts, an env that raises at its 50th step: nothing is left to collect a phase."""
+    """One actor, no restarts, an env that raises at its 50th step: nothing is left to collect a phase. The
+    run failed, and its summary says so: no final.pt, which ``lockstep eval`` would play as the run's policy."""
     (tmp_path / "failingenv.py").write_text(FAILING_ENV)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("failingenv", None)
     config = _config(tmp_path, **{"env.id": "failingenv:make", "run.audit": False, "actors.count": 1,
                                   "actors.envs_per_actor": 1, "actors.restarts": 0, "ppo.total_steps": 10**6})
-    with pytest.raises(RuntimeError, match="every actor exited while training, and none is due to restart"):
+    with pytest.raises(ActorsGone, match="every actor exited while training, and none is due to restart"):
         train(config, tmp_path / "run")
-    assert len(RunDir(tmp_path / "run").metrics()) >= 2  # it trained before the env failed
+    run = RunDir(tmp_path / "run")
+    assert len(run.metrics()) >= 2  # it trained before the env failed
+    summary = run.summary()
+    assert not (run.checkpoints / "final.pt").exists() and summary["checkpoint"] is None
+    assert summary["time_limited"] is False
+    assert summary["status"] == "failed" and "every actor exited while training" in summary["error"]
+    assert summary["transitions_collected"] == summary["transitions_trained"] + summary["dropped_transitions"]
+
+
+def test_a_run_that_spent_its_budget_or_its_time_limit_is_completed(tmp_path):
+    summary = train(_config(tmp_path, **{"run.audit": False, "ppo.total_steps": 2 * 3 * 16 * 2}), tmp_path / "run")
+    assert summary["status"] == "completed" and summary["time_limited"] is False and summary["error"] is None
+    assert summary["checkpoint"] == "checkpoints/final.pt"
+    # run.time_limit_s too ends a run as it was asked: completed, with the steps it had time for
+    summary = train(_config(tmp_path, **{"run.audit": False, "ppo.total_steps": 10**6, "run.time_limit_s": 1e-3}),
+                    tmp_path / "limited")
+    assert summary["status"] == "completed" and summary["time_limited"] is True
 
 
 @pytest.mark.parametrize("transport", ["inprocess"])

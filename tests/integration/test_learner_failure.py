@@ -131,7 +131,7 @@ def _assert_books_end_at_the_last_completed_iteration(run_dir) -> None:
     rows = [row["iteration"] for row in RunDir(run_dir).metrics()]
     assert len(rows) >= 2 and rows == list(range(1, len(rows) + 1)), rows
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert FAULT in summary["error"] and summary["checkpoint"] is None
+    assert FAULT in summary["error"] and summary["checkpoint"] is None and summary["status"] == "failed"
     assert summary["iterations"] == rows[-1]
     assert summary["transitions_collected"] == summary["transitions_trained"] + summary["dropped_transitions"]
     checkpoints = run_dir / "checkpoints"

@@ -4,6 +4,8 @@ connection and never recorded, ``lockstep audit`` on the trail, and ``lockstep e
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import learner_config
@@ -16,6 +18,7 @@ from lockstep.tools import audit
 from lockstep.tools import eval as evaluation
 
 TURNS = "pettingzoo:lockstep.envs.turns"  # 8 plies a game, 4 per seat; observations say who moves at which ply
+FOLDS = "pettingzoo:lockstep.envs.folds"  # a fold ends a game: the opponent moving first may end it at once
 T = 16  # four games of the learning player per unroll: every unroll starts at a game's first move
 
 
@@ -80,3 +83,28 @@ def test_self_play_learns_to_beat_a_random_opponent_and_eval_reports_the_win_rat
     # what `lockstep bench learn --suite selfplay` reports of each seed: the mode's win rate over 200 games
     assert selfplay.is_game(TURNS) and not selfplay.is_game("pettingzoo:lockstep.envs.departures")
     assert suites._win_rate_against_random(run_dir) > 0.75
+
+
+@pytest.mark.parametrize("transport", ["shm", "inprocess"])
+def test_games_the_opponent_ends_before_the_learner_moves_are_counted_apart_and_eval_leaves_them_out(
+        tmp_path, capsys, transport):
+    # the opponent moves first in every other game and, acting at random at first, folds it at once half the
+    # time: those games are no episodes (none of length 0 reaches the learner, which would refuse it)
+    run_dir = tmp_path / "run"
+    total = 3 * 2 * 2 * T
+    summary = train(_config(transport, **{"env.id": FOLDS, "ppo.total_steps": total, "selfplay.random": 0.5}),
+                    run_dir)
+    assert summary["env_steps"] == total and summary["error"] is None
+    decided = summary["games_decided_before_move"]
+    assert decided > 0 and summary["games"] == summary["episodes"] + decided
+    rows = RunDir(run_dir).metrics()
+    assert [r["games"] - r["episodes"] for r in rows] == [r["games_decided_before_move"] for r in rows]
+    assert rows[-1]["games_decided_before_move"] == decided
+    # lockstep eval: the win rate of the learning player's games only, the others counted apart
+    assert evaluation.main(run_dir, episodes=40, opponent="random", out=str(tmp_path / "eval.json")) == 0
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert len(report["episodes"]) == 40 and all(e["length"] >= 1 for e in report["episodes"])
+    assert report["decided_before_move"] > 0 and report["games"] == 40 + report["decided_before_move"]
+    assert (f"{report['games']} games played, {report['decided_before_move']} of them decided before the learning "
+            "player moved") in out

@@ -36,6 +36,7 @@ def test_stop_right_after_start_ends_serve_within_10_s(tmp_path, before):
     thread.join(timeout=10)
     assert not thread.is_alive(), "the learner kept serving after stop()"
     assert outcome["summary"]["iterations"] == 0
+    assert outcome["summary"]["status"] == "stopped" and outcome["summary"]["time_limited"] is True
 
 
 def _descendants(pid: int) -> set[int]:

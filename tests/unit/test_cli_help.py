@@ -12,6 +12,7 @@ from conftest import lockstep_cmd
 from lockstep import cli
 from lockstep import config as config_lib
 from lockstep.actor import ActorOptions
+from lockstep.launch import ActorsGone
 
 
 def _help(capsys, *argv: str) -> str:
@@ -152,3 +153,14 @@ def test_the_actor_reads_envs_per_actor_from_the_config_one_default_one_name_and
 def test_the_actor_checks_envs_per_actor_as_the_config_does():
     with pytest.raises(config_lib.ConfigError, match=r"actors\.envs_per_actor must be >= 1, got 0"):
         _actor("--num-envs", "0")
+
+
+def test_a_run_whose_every_actor_exited_ends_with_one_line_and_exit_1_not_a_traceback(capsys):
+    def gone(args: argparse.Namespace) -> int:
+        raise ActorsGone("every actor exited while training, and none is due to restart (actors.restarts); see the "
+                         "log above")
+
+    assert cli.run(argparse.Namespace(func=gone, verbose=False)) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["lockstep: the run failed: every actor exited while training, and none is due to "
+                                "restart (actors.restarts); see the log above"]

@@ -320,6 +320,47 @@ def test_given_thresholds_replace_the_envs_reward_threshold():
     assert c.return_thresholds() == [195.0]
 
 
+def _resolved(*argv: str) -> Config:
+    from lockstep.cli import build_parser, resolve_config
+
+    return resolve_config(build_parser().parse_args(["train", "--run-dir", "runs/x", *argv]))
+
+
+NOTE = "run.thresholds [-400.0, -200.0] are Pendulum-v1's; dropped for CartPole-v1"
+
+
+@pytest.mark.parametrize("argv", [["--env", "CartPole-v1"], ["--set", "env.id=CartPole-v1"]])
+def test_a_presets_thresholds_are_dropped_with_a_note_when_the_command_line_changes_its_env(argv, caplog):
+    """--config halfcheetah --env OTHER reported HalfCheetah's 1443 as "not reached" for the other env."""
+    caplog.set_level(logging.INFO, logger="lockstep.config")
+    config = _resolved("--config", "pendulum", *argv)
+    assert config.run.thresholds == [] and config.return_thresholds() == [475.0]  # CartPole-v1's own
+    assert [r.getMessage() for r in caplog.records if NOTE in r.getMessage()] != []
+
+
+def test_the_default_presets_thresholds_are_dropped_when_set_changes_its_env(caplog):
+    caplog.set_level(logging.INFO, logger="lockstep.config")
+    config = _resolved("--set", "env.id=Acrobot-v1")  # the cartpole-fast preset, then another env
+    assert config.run.thresholds == [] and config.return_thresholds() == [-100.0]
+    assert "are CartPole-v1's; dropped for Acrobot-v1" in caplog.text
+
+
+@pytest.mark.parametrize("argv", [["--env", "Pendulum-v1"], ["--seed", "3"]])
+def test_a_presets_thresholds_stay_with_its_own_env(argv, caplog):
+    caplog.set_level(logging.INFO, logger="lockstep.config")
+    assert _resolved("--config", "pendulum", *argv).run.thresholds == [-400.0, -200.0]
+    assert "dropped for" not in caplog.text
+
+
+@pytest.mark.parametrize("argv, thresholds", [(["--set", "run.thresholds=-400,-200"], [-400.0, -200.0]),
+                                              (["--run.thresholds", "100"], [100.0])])
+def test_thresholds_given_on_the_command_line_with_another_env_are_kept(argv, thresholds, caplog):
+    caplog.set_level(logging.INFO, logger="lockstep.config")
+    config = _resolved("--config", "pendulum", "--env", "CartPole-v1", *argv)
+    assert config.run.thresholds == thresholds
+    assert "dropped for" not in caplog.text
+
+
 # --- validate --------------------------------------------------------------------------------
 
 

@@ -124,13 +124,17 @@ class EnvLoop:
             self.ep_return, self.ep_length = np.zeros(0, np.float64), np.zeros(0, np.int64)
 
 
-def opponent_request(obs, waiting: np.ndarray, obs_spec: envs_lib.SpaceSpec) -> StepData:
+def opponent_request(obs, waiting: np.ndarray, obs_spec: envs_lib.SpaceSpec,
+                     decided: tuple[np.ndarray, np.ndarray] | None = None) -> StepData:
     """A self-play env's request for its opponents' moves as a step of the opponents' connection
-    (``learner.opponents``): their observations [k, *obs], ``terminated`` [k] marking the slots that wait."""
+    (``learner.opponents``): their observations [k, *obs], ``terminated`` [k] marking the slots that wait, and
+    as its finished episodes the games decided before the learning player moved since the last request
+    (``decided``: ``SelfPlayVectorEnv.take_decided``'s returns [d] and plies [d], at most one per slot)."""
     records = envs_lib.to_records(obs, obs_spec)
     k = len(records)
+    returns, plies = decided if decided is not None else (np.zeros(0, np.float64), np.zeros(0, np.int64))
     return StepData(records, np.zeros(k, np.float32), np.asarray(waiting, bool), np.zeros(k, bool),
-                    np.zeros(0, np.int64), records[:0], np.zeros(0, np.float64), np.zeros(0, np.int64))
+                    np.zeros(0, np.int64), records[:0], np.asarray(returns, np.float64), np.asarray(plies, np.int64))
 
 
 def run(opts: ActorOptions) -> int:
@@ -169,7 +173,7 @@ def _run(opts: ActorOptions, vec) -> int:
             if selfplay:
                 hello.run_id, hello.role = uuid.uuid4().hex, OPPONENT
                 opponents = _connect(opts, hello)
-                vec.opponent = functools.partial(_opponent_moves, opponents, obs_spec)
+                vec.opponent = functools.partial(_opponent_moves, opponents, obs_spec, vec)
             backoff.reset()
             if loop.obs is None:
                 loop.reset(envs_lib.env_seeds(conn.welcome.seed, opts.actor_id, vec.num_envs))
@@ -209,8 +213,9 @@ def _run(opts: ActorOptions, vec) -> int:
         log.info("%s: reconnecting to %s", name, opts.learner)
 
 
-def _opponent_moves(conn: Connection | LocalConnection, obs_spec: envs_lib.SpaceSpec, obs, waiting: np.ndarray):
-    return conn.act(opponent_request(obs, waiting, obs_spec))[0]
+def _opponent_moves(conn: Connection | LocalConnection, obs_spec: envs_lib.SpaceSpec,
+                    vec: envs_lib.selfplay.SelfPlayVectorEnv, obs, waiting: np.ndarray):
+    return conn.act(opponent_request(obs, waiting, obs_spec, vec.take_decided()))[0]
 
 
 def _connect(opts: ActorOptions, hello: pb.Hello) -> Connection | LocalConnection:

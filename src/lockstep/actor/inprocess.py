@@ -104,7 +104,7 @@ class OpponentChannel:
                  refusals: RefusalLog) -> None:
         self.peer = f"actor {hello.actor_id} (in process, opponents)"
         self._hello = dataclasses.replace(hello, role=OPPONENT)
-        self._obs_spec, self._handler, self._refusals = obs_spec, handler, refusals
+        self._vec, self._obs_spec, self._handler, self._refusals = vec, obs_spec, handler, refusals
         self._requests: asyncio.Queue[StepData] = asyncio.Queue()
         self._answer: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
@@ -117,7 +117,7 @@ class OpponentChannel:
             request = next(plies)
             while True:
                 self._answer = asyncio.get_running_loop().create_future()
-                self._requests.put_nowait(opponent_request(*request, self._obs_spec))
+                self._requests.put_nowait(opponent_request(*request, self._obs_spec, self._vec.take_decided()))
                 request = plies.send(await self._answer)
         except StopIteration as done:
             return done.value

@@ -29,8 +29,18 @@ check). Schemes come first, then the other forms:
   observation a Dict of the agent's own and ``agent_active``. Needs ``pip install -e '.[pettingzoo]'``.
 - ``masked:ENV``: a control env with its velocities hidden (``lockstep.envs.masked``), e.g.
   ``masked:CartPole-v1``: observation Box((2,), float32), cart position and pole angle.
-- a registered Gymnasium id, e.g. ``CartPole-v1``, or ``module:EnvId`` (the module registers it).
-- ``package.module:callable``: a function that returns a ``gym.Env``.
+- a registered Gymnasium id, e.g. ``CartPole-v1``, or ``module:EnvId``: ``module`` is imported first, which
+  registers ``EnvId`` (how packages make their ids known), e.g. ``ale_py:ALE/Pong-v5``; a scheme's name wins
+  over a module's of the same name.
+- ``package.module:callable``: a function that returns a ``gymnasium.Env``; anything else (an old ``gym.Env``) is
+  refused with what to do (``GYM_ERA``).
+
+Images
+------
+The observations of Gymnasium ids, factories and PettingZoo parallel envs pass through ``lockstep.envs.images``:
+channels-last image leaves (H, W, C) are transposed to [C, H, W] on the actor, as ``env.image_layout`` decides.
+The frames of ``atari:``, ``minatar:`` and ``envpool:`` are [C, H, W] already; a turn-based game's observations
+(``selfplay``) are taken as they are.
 
 Episode statistics
 ------------------
@@ -56,7 +66,7 @@ import gymnasium as gym
 import numpy as np
 
 from lockstep.envs import envpool as envpool_backend
-from lockstep.envs import pettingzoo, selfplay
+from lockstep.envs import images, pettingzoo, selfplay
 from lockstep.envs.atari import make_atari
 from lockstep.envs.masked import make_masked
 from lockstep.envs.minatar import make_minatar
@@ -104,6 +114,14 @@ VECTOR_MODES = ("sync", "async")  # actors.vector: the actor's envs stepped in i
 ASYNC_REFUSED = {"envpool": "is EnvPool's vector env, which steps its envs in C++ threads already",
                  "pettingzoo": "is a PettingZoo env, whose vector env is lockstep's own"}
 
+# what to do with an env that is not a gymnasium.Env (module docstring): the end of the refusal's one line
+GYM_ERA = ("lockstep steps Gymnasium envs. Convert an env of the old gym API with shimmy's wrappers (pip install "
+           "'shimmy[gym-v26]', return shimmy.GymV26CompatibilityV0(env=env) for gym 0.22 to 0.26; "
+           "'shimmy[gym-v21]' and shimmy.GymV21CompatibilityV0(env=env) for gym 0.21 and older), or in a "
+           "gymnasium.Env of your own whose reset(seed=None, options=None) returns (obs, info), whose step(action) "
+           "returns (obs, reward, terminated, truncated, info), and whose observation_space and action_space are "
+           "gymnasium.spaces")
+
 # scheme -> make(name, training=True, **kwargs): the env of the id "scheme:name"
 SCHEMES: dict[str, Callable[..., gym.Env]] = {
     "atari": make_atari, "minatar": make_minatar, "minigrid": make_minigrid, "masked": make_masked,
@@ -116,8 +134,9 @@ SCHEMES: dict[str, Callable[..., gym.Env]] = {
 
 
 def resolve_env(env_id: str) -> Callable[..., gym.Env]:
-    """Return a factory for ``env_id`` (module docstring): ``scheme:name``, a registered Gymnasium id or
-    ``package.module:callable``. A scheme's factory takes ``training`` and checks the name when called."""
+    """Return a factory for ``env_id`` (module docstring): ``scheme:name``, a registered Gymnasium id,
+    ``module:EnvId`` or ``package.module:callable``. A scheme's factory takes ``training`` and checks the name when
+    called; what a ``package.module:callable`` returns is checked by ``make_env`` and ``env_spec``."""
     module_name, _, attr = env_id.partition(":")
     if module_name in SCHEMES:
         return functools.partial(SCHEMES[module_name], attr)
@@ -131,12 +150,53 @@ def resolve_env(env_id: str) -> Callable[..., gym.Env]:
         except AttributeError as err:
             raise ValueError(f"module {module_name!r} has no callable {attr!r} (env entry point {env_id!r})") from err
         return factory
-    if ":" not in env_id and env_id not in gym.registry:
+    if ":" in env_id:  # module:EnvId: importing the module registers EnvId, which gym.make then looks up
+        try:
+            importlib.import_module(module_name)
+        except ImportError as err:
+            raise ValueError(f"cannot import module {module_name!r} for env {env_id!r} (module:EnvId imports the "
+                             f"module, which registers EnvId): {err}") from err
+    elif env_id not in gym.registry:
         raise ValueError(
-            f"unknown environment {env_id!r}: not a registered Gymnasium id and not a "
-            "'package.module:callable' entry point"
+            f"unknown environment {env_id!r}: not a registered Gymnasium id; a package's id is module:EnvId (the "
+            "module registers EnvId when imported, e.g. ale_py:ALE/Pong-v5), a function's package.module:callable"
         )
     return lambda **kwargs: gym.make(env_id, **kwargs)
+
+
+def _gymnasium_env(env: Any, env_id: str) -> gym.Env:
+    """``env``, which ``env_id``'s factory made, if it is a ``gymnasium.Env``; else a ValueError naming what it is
+    and how to convert it (``GYM_ERA``)."""
+    if isinstance(env, gym.Env):
+        return env
+    kind = type(env)
+    raise ValueError(f"{env_id} made a {kind.__qualname__} (module {kind.__module__}), which is not a gymnasium.Env: "
+                     f"{GYM_ERA}")
+
+
+def _own_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+    """One env of a Gymnasium id or a factory (no scheme), its channels-last images transposed as
+    ``env.image_layout`` (among ``kwargs``) says (``images``)."""
+    layout = kwargs.get(images.IMAGE_LAYOUT_KWARG, "auto")
+    own = {key: value for key, value in kwargs.items() if key != images.IMAGE_LAYOUT_KWARG}
+    env = _gymnasium_env(resolve_env(env_id)(**own), env_id)
+    try:
+        return images.channels_first(env, layout)
+    except BaseException:
+        env.close()
+        raise
+
+
+def _check_image_layout(env_id: str, kwargs: dict[str, Any]) -> None:
+    """``env.image_layout`` other than auto is for Gymnasium ids, factories and PettingZoo parallel envs: a
+    ValueError for the other schemes' ids."""
+    scheme, _, name = env_id.partition(":")
+    layout = kwargs.get(images.IMAGE_LAYOUT_KWARG, "auto")
+    parallel = scheme == "pettingzoo" and not selfplay.is_turn_based(name)
+    if scheme in SCHEMES and not parallel and layout != "auto":
+        raise ValueError(f"env.image_layout {layout} is for the images of Gymnasium ids, package.module:callable "
+                         f"factories and PettingZoo parallel envs; {env_id}'s observations are taken as they are: "
+                         "leave env.image_layout at auto")
 
 
 def reward_threshold(env_id: str) -> float | None:
@@ -164,9 +224,12 @@ def make_env(env_id: str, training: bool = True, **kwargs) -> gym.Env:
     """One env of ``env_id`` that records its episodes: ``info["episode"]`` (``r`` return, ``l`` length, ``t``
     seconds) on the last step of each. ``training=False``: the env to evaluate a policy on (for ``atari:``
     ids no episodic life and no reward clipping; the same env for every other id). ``kwargs`` go to the
-    factory (``gym.make`` for a registered id), e.g. ``render_mode="rgb_array"``."""
+    factory (``gym.make`` for a registered id), e.g. ``render_mode="rgb_array"``, but for ``env.image_layout``
+    (``images.IMAGE_LAYOUT_KWARG``), which decides which images are transposed. A factory that returns anything but a
+    ``gymnasium.Env`` raises a ValueError that says how to convert it."""
     scheme, _, name = env_id.partition(":")
-    env = SCHEMES[scheme](name, training=training, **kwargs) if scheme in SCHEMES else resolve_env(env_id)(**kwargs)
+    _check_image_layout(env_id, kwargs)
+    env = SCHEMES[scheme](name, training=training, **kwargs) if scheme in SCHEMES else _own_env(env_id, kwargs)
     return env if _records_episodes(env) else RecordEpisodes(env)
 
 
@@ -235,6 +298,7 @@ def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = 
         raise ValueError(f"actors.vector must be one of {', '.join(VECTOR_MODES)}, got {vector!r}")
     scheme, _, name = env_id.partition(":")
     _check_agent_id(env_id, kwargs)
+    _check_image_layout(env_id, kwargs)
     if vector == "async":
         if scheme in ASYNC_REFUSED:
             raise ValueError(f"actors.vector async steps Gymnasium envs in processes of their own; {env_id} "
@@ -256,12 +320,17 @@ def env_spec(env_id: str, obs_keys: tuple[str, ...] | list[str] = (), action_mas
              kwargs: dict[str, Any] | None = None) -> EnvSpec:
     """The spaces of one environment of ``env_id``; ``obs_keys`` (``env.obs_keys``) keeps those keys of a
     Dict observation, whose leaf ``action_mask_key`` (``env.action_mask_key``), if it has one, masks the
-    actions (``spaces.with_action_mask``); ``kwargs`` (``env.kwargs``) go to the env's constructor."""
+    actions (``spaces.with_action_mask``); ``kwargs`` (``env.kwargs``) go to the env's constructor. The spaces are
+    those the actors send: channels-last images already [C, H, W] (``images``)."""
     scheme, _, name = env_id.partition(":")
     kwargs = kwargs or {}
     _check_agent_id(env_id, kwargs)
+    _check_image_layout(env_id, kwargs)
     parallel = scheme == "pettingzoo" and not selfplay.is_turn_based(name)
-    env: Any = pettingzoo.agent_view(name, kwargs) if parallel else resolve_env(env_id)(**kwargs)
+    if parallel:
+        env: Any = pettingzoo.agent_view(name, kwargs)
+    else:
+        env = resolve_env(env_id)(**kwargs) if scheme in SCHEMES else _own_env(env_id, kwargs)
     try:
         action = action_spec(env.action_space)
         observation = SpaceSpec.from_space(env.observation_space, obs_keys)

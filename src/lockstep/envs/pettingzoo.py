@@ -8,7 +8,8 @@ learner sees one more vector env of ``envs x agents`` slots, in env order, each 
 The observation of a slot is a Dict: the agent's own observation (under ``observation``, or its own keys if it
 is a Dict, e.g. ``action_mask``) and ``agent_active`` (MultiBinary(1)); with ``env.agent_id``, also
 ``agent_id``, the one-hot of the agent's index in ``possible_agents`` (Box [agents] float32), so that the
-policy the agents share can act differently for each (SuperSuit's ``agent_indicator`` does the same).
+policy the agents share can act differently for each (SuperSuit's ``agent_indicator`` does the same). An agent's
+channels-last images (H, W, C) are [C, H, W] in its slot, as for one agent's env (``envs.images``).
 
 With ``model.critic_input: global`` (MAPPO's centralized critic), also ``global_state``: the env's own
 ``state()`` where the env declares a ``state_space`` (mpe2's envs do), else every agent's observation flattened
@@ -40,6 +41,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from lockstep.envs.images import IMAGE_LAYOUT_KWARG, channels_first_parallel
 from lockstep.envs.spaces import ACTIVE_LEAF, AGENT_ID_LEAF, GLOBAL_LEAF, slot_action
 
 OBSERVATION_LEAF = "observation"  # where an agent's observation goes when it is not a Dict itself
@@ -50,8 +52,10 @@ POLICIES_KWARG = "_lockstep_policies"  # several policies: {policy: [agent patte
 DEFAULT_MASK_KEY = "action_mask"
 
 
-def parallel_factory(module_name: str, kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
-    """A factory of MODULE's parallel env; a ValueError naming the problem for anything else."""
+def parallel_factory(module_name: str, kwargs: dict[str, Any] | None = None,
+                     image_layout: str = "auto") -> Callable[[], Any]:
+    """A factory of MODULE's parallel env, its agents' channels-last images transposed as ``image_layout``
+    (``env.image_layout``) says (``images``); a ValueError naming the problem for anything else."""
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
@@ -60,7 +64,7 @@ def parallel_factory(module_name: str, kwargs: dict[str, Any] | None = None) -> 
     if not callable(getattr(module, "parallel_env", None)):
         raise ValueError(f"pettingzoo:{module_name}: the module has no parallel_env(); lockstep runs PettingZoo's "
                          "parallel API (a turn-based AEC game has only env())")
-    return lambda: module.parallel_env(**(kwargs or {}))
+    return lambda: channels_first_parallel(module.parallel_env(**(kwargs or {})), image_layout)
 
 
 def _same_spaces(env: Any, agents: list[str], policy: str = "") -> tuple[gym.Space, gym.Space]:
@@ -303,13 +307,15 @@ class ParallelSlots(gym.vector.VectorEnv):
 def make_vector(module_name: str, num_envs: int, kwargs: dict[str, Any] | None = None) -> ParallelSlots:
     """The actor's vector env for ``pettingzoo:MODULE``: ``num_envs`` envs, one slot per agent, each env built
     with ``kwargs`` (``env.kwargs``; ``AGENT_ID_KWARG`` among them is ``env.agent_id``, ``GLOBAL_STATE_KWARG``
-    ``model.critic_input: global``, for lockstep)."""
+    ``model.critic_input: global``, ``IMAGE_LAYOUT_KWARG`` ``env.image_layout``, for lockstep)."""
     kwargs = dict(kwargs or {})
     agent_id = bool(kwargs.pop(AGENT_ID_KWARG, False))
     mask_key = str(kwargs.pop(MASK_KEY_KWARG, DEFAULT_MASK_KEY))
     policies = kwargs.pop(POLICIES_KWARG, None)
     global_state = bool(kwargs.pop(GLOBAL_STATE_KWARG, False))
-    return ParallelSlots(parallel_factory(module_name, kwargs), num_envs, agent_id, mask_key, policies, global_state)
+    image_layout = str(kwargs.pop(IMAGE_LAYOUT_KWARG, "auto"))
+    return ParallelSlots(parallel_factory(module_name, kwargs, image_layout), num_envs, agent_id, mask_key, policies,
+                         global_state)
 
 
 def agent_policies(vec: Any) -> dict[str, str]:

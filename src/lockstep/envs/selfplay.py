@@ -13,13 +13,23 @@ with its action mask. A game that ended is reset in the same step (Gymnasium's s
 where the learning seat moves second the opponents' first moves are played before the observation comes
 back; ``infos["episode"]`` reports each game's return and learning moves, as ``envs.FinishedEpisodes`` does.
 
+A game that ends before the learning player moved in it (the opponents' first moves decided it: a fold on
+the first ply) is no episode of the learning player's: it has no step, so it adds no reward to any step (not
+to the step that ended the game before it in the same slot), sets no done flag, has no ``infos["episode"]``
+row and is no sample; it is counted apart, in ``decided_before_move`` (``episode_count`` counts the
+episodes: the games played are their sum), and the next game begins at once. Any reward the learning player
+gets in a game before its first move comes with that move's step, so that an episode's return is always the
+sum of its steps' rewards. Invariants: a slot ends at most one episode per step, every episode has at least
+one learning move, and each game's reward goes to a step of that game or to none.
+
 Who moves for the opponents: ``opponent`` (obs, waiting) -> actions, called with the opponents' observations
 of every slot [k, *obs] (a slot with no opponent to move sends the learning player's, to keep the shape)
 and which slots wait [k] bool; the actions of the other slots are ignored. The actor passes its second
-connection to the learner (which plays the opponents' snapshots, ``learner.opponents``); the default plays
-uniformly random legal moves. ``stepping`` and ``resetting`` are the same moves as generators that yield
-each request and take the actions back, so that an event loop can await the opponent
-(``actor.inprocess``). No torch here: the actor steps these envs.
+connection to the learner (which plays the opponents' snapshots, ``learner.opponents``), and with each
+request the games decided before the learning player moved since the previous one (``take_decided``), which
+the learner counts; the default plays uniformly random legal moves. ``stepping`` and ``resetting`` are the
+same moves as generators that yield each request and take the actions back, so that an event loop can await
+the opponent (``actor.inprocess``). No torch here: the actor steps these envs.
 """
 
 from __future__ import annotations
@@ -96,10 +106,16 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
         self.opponent: Opponent = opponent or RandomOpponent()
         self.games_played = np.zeros(num_envs, np.int64)  # per slot: games begun, which picks the learning seat
         self.learner = [self.seats[0]] * num_envs  # per slot: the learning player's seat in its current game
-        self.episode_count = 0
+        self.episode_count = 0  # games that ended after the learning player moved in them: its episodes
+        self.decided_before_move = 0  # games that ended before the learning player moved in them: no episode
         self.opponent_moves = 0  # plies the opponents played
-        self._return = np.zeros(num_envs, np.float64)
-        self._length = np.zeros(num_envs, np.int64)
+        self._return = np.zeros(num_envs, np.float64)  # per slot, the current game's: the learning player's reward
+        self._length = np.zeros(num_envs, np.int64)  # ... the learning player's moves
+        self._plies = np.zeros(num_envs, np.int64)  # ... every seat's moves
+        # per slot, the last game decided before the learning player moved and not yet taken (``take_decided``):
+        # the learning player's return in it and its plies (0: none)
+        self._decided_return = np.zeros(num_envs, np.float64)
+        self._decided_plies = np.zeros(num_envs, np.int64)
 
     # -- the Gymnasium vector API, with ``self.opponent`` moving for the opponents ---------------------
 
@@ -128,10 +144,22 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
         terminated, truncated = np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool)
         info: dict[str, Any] = {}
         for i in range(self.num_envs):
+            if not self._length[i]:  # its first move of the game: what the game gave it before comes with it
+                reward[i] += self._return[i]
             self._length[i] += 1
             self._ply(i, slot_action(actions, i), reward, terminated, truncated, info)
         yield from self._opponents(terminated, truncated, reward, info)
         return self._observe(), reward.astype(np.float32), terminated, truncated, info
+
+    def take_decided(self) -> tuple[np.ndarray, np.ndarray]:
+        """The games decided before the learning player moved (module docstring) since the last call: the learning
+        player's return in each [d] float64 and its plies [d] int64 (the opponents', at least 1). Called at every
+        opponent request it misses none: only the plies that answer a request are opponent moves, so a slot
+        decides at most one such game between two requests."""
+        slots = np.flatnonzero(self._decided_plies)
+        returns, plies = self._decided_return[slots], self._decided_plies[slots]  # copies (fancy indexing)
+        self._decided_plies[slots] = 0
+        return returns, plies
 
     # -- one game ---------------------------------------------------------------------------------------
 
@@ -140,17 +168,26 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
         self.games[i].reset(seed=seed)  # None: a later game, from the game's own generator
         self.learner[i] = self.seats[int(i + self.games_played[i]) % len(self.seats)]
         self.games_played[i] += 1
-        self._return[i], self._length[i] = 0.0, 0
+        self._return[i], self._length[i], self._plies[i] = 0.0, 0, 0
 
     def _ply(self, i: int, action: Any, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
              info: dict[str, Any]) -> None:
-        """Play ``action`` for whoever moves in slot ``i``; a game that ends is recorded and the next begun."""
+        """Play ``action`` for whoever moves in slot ``i``; a game that ends is recorded (an episode, or a game
+        decided before the learning player moved: module docstring) and the next begun."""
         game, me = self.games[i], self.learner[i]
         game.step(int(action) if np.ndim(action) == 0 else action)
-        reward[i] += game.rewards.get(me, 0.0)
-        self._return[i] += game.rewards.get(me, 0.0)
+        self._plies[i] += 1
+        gain = game.rewards.get(me, 0.0)
+        self._return[i] += gain
+        if self._length[i]:  # before the learning player's first move the step is the last game's, or none
+            reward[i] += gain
         over_t, over_tr = any(game.terminations.values()), any(game.truncations.values())
         if not (over_t or over_tr):
+            return
+        if not self._length[i]:  # decided before the learning player moved: no step, no episode of its
+            self.decided_before_move += 1
+            self._decided_return[i], self._decided_plies[i] = self._return[i], self._plies[i]
+            self._begin(i, None)
             return
         terminated[i], truncated[i] = over_t, over_tr and not over_t
         if truncated[i]:  # the value of a game cut short is bootstrapped from its last observation

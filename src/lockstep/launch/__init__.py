@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from lockstep.learner.wiring import Learner
 
 
+class ActorsGone(RuntimeError):
+    """Every actor of the run exited and none is due to restart: no one is left to collect a phase, so the run
+    failed (its summary says so); the actors' own lines in the log above say why each ended."""
+
+
 class Launcher(Protocol):
     """The actors of one run, as ``launch.local.train`` drives them."""
 

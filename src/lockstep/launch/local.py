@@ -15,7 +15,7 @@ from typing import Any
 
 from lockstep.actor import ActorOptions
 from lockstep.config import Config
-from lockstep.launch import Launcher
+from lockstep.launch import ActorsGone, Launcher
 from lockstep.launch.inprocess import InProcessActors
 from lockstep.launch.processes import ActorProcesses
 from lockstep.launch.ray import RayActors
@@ -109,7 +109,7 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     if threading.current_thread() is threading.main_thread():
         handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     actors: Launcher | None = None
-    failed = False
+    failed, error = False, None
     try:
         ranks = Ranks.from_env(resolve_device(config.learner.device))  # under torchrun: one of several learners
         if ranks is not None:
@@ -140,13 +140,15 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
             thread.start()
             _supervise(config, run_dir, learner, actors, thread, stopped=lambda: run.signal is not None,
                        publish=publish if generated else None)
-    except BaseException:
+    except BaseException as err:
         failed = True  # an error, or a second signal: the learner stops at once
+        if isinstance(err, Exception):  # the run failed (every actor gone), not interrupted: its summary says so
+            error = err
         raise
     finally:
         try:
             if run.learner is not None:
-                run.forced = not _stop_learner(run.learner, thread, at_once=failed)
+                run.forced = not _stop_learner(run.learner, thread, at_once=failed, error=error)
         finally:
             if run.published:
                 security.unpublish_token(run.published)
@@ -206,15 +208,17 @@ def _supervise(config: Config, run_dir: Path, learner: Learner, actors: Launcher
                 if alone and not learner.status.finished and actors.all_exited():
                     when = ("while training, and none is due to restart (actors.restarts)" if learner.status.started
                             else "before training started")
-                    raise RuntimeError(f"every actor exited {when}; see the log above")
+                    raise ActorsGone(f"every actor exited {when}; see the log above")
 
 
-def _stop_learner(learner: Learner, thread: threading.Thread, at_once: bool) -> bool:
+def _stop_learner(learner: Learner, thread: threading.Thread, at_once: bool,
+                  error: BaseException | None = None) -> bool:
     """Ask the learner to finish and wait for it, boundedly: asked (several learners finish together after
     the iteration under way), then at once (first, with ``at_once``); a learner that still runs then is
-    left behind, with an error logged. False when it was stopped at once (or left)."""
+    left behind, with an error logged. False when it was stopped at once (or left). ``error``: why the run
+    failed outside the learner (``Learner.stop``)."""
     for now in (True,) if at_once else (False, True):
-        learner.stop(at_once=now)
+        learner.stop(at_once=now, error=error)
         if thread.is_alive():
             thread.join(timeout=STOP_WAIT_S)
         if not thread.is_alive():

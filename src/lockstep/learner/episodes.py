@@ -287,7 +287,8 @@ def make_slots(env_id: str, kwargs: dict[str, Any], render: bool) -> pettingzoo.
 
 def make(env_id: str, render: bool, kwargs: dict | None = None):
     """One env of ``env_id`` as evaluation plays it (``training=False``), rendering ``rgb_array`` frames when
-    ``render``, built with ``kwargs`` (``env.kwargs``); an ``EvalError`` that says why it cannot be made."""
+    ``render``, built with ``kwargs`` as the actors build theirs (the config's ``vector_kwargs()``: ``env.kwargs`` and
+    ``env.image_layout``); an ``EvalError`` that says why it cannot be made."""
     try:
         return _make_env(env_id, render, kwargs or {})
     except (ValueError, gym.error.Error) as err:  # an env package this machine lacks, ...

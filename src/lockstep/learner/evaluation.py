@@ -374,7 +374,7 @@ class _Evaluation:
 
         if self.parallel:
             return self._play_parallel(request, video)
-        env = make(self.config.env.id, video is not None, self.config.env.kwargs)
+        env = make(self.config.env.id, video is not None, self.config.vector_kwargs())
         try:
             specs = env_specs(env, self.config.env)
             mean, var = stored_moments(request["obs_rms"])  # of the whole observation, or of each Box leaf

@@ -3,9 +3,12 @@
 A self-play actor (``envs.selfplay``) opens a second connection whose hello says ``role: opponent``; each of
 its steps asks for the opponents' moves of its slots: the observation [k, *obs] of whoever moves in each slot,
 and ``terminated`` [k] marking the slots whose opponent is to move (the other rows keep the shape and their
-answers are ignored). An ``OpponentSession`` answers with actions sampled from each slot's opponent snapshot:
-no gate, no unroll, nothing recorded, never held for a phase (so a strict run cannot deadlock on it), and no
-step deadline (it is no member of any phase: an actor between its learning steps owes it nothing).
+answers are ignored); its finished episodes are the games its opponents decided before the learning player
+moved in them (``envs.selfplay``: the learning player's return and the plies of each), which are no episodes
+of the learning player's and are only counted (``games_decided_before_move``). An ``OpponentSession`` answers
+with actions sampled from each slot's opponent snapshot: no gate, no unroll, nothing recorded, never held for
+a phase (so a strict run cannot deadlock on it), and no step deadline (it is no member of any phase: an actor
+between its learning steps owes it nothing).
 
 Who the opponent is (``selfplay.opponents``):
 
@@ -226,6 +229,7 @@ class OpponentSession:
         check_action_mask(data.obs, self.pool.observation)
         actions = await self.pool.moves(self, data.obs)
         self.pool.counters.opponent_moves += int(waiting.sum())
+        self.pool.counters.games_decided_before_move += len(data.episode_length)
         return Reply(actions, self.pool.current().version)
 
     def close(self) -> None:

@@ -179,6 +179,7 @@ class Report:
             "clip_fraction": stats.update.clip_fraction,
             **_eval_columns(evaluated),
             **self._team_columns(),
+            **self._game_columns(ep["episodes"]),
             **self._policy_columns(stats),
             # an action of several parts: TensorBoard and W&B only (metrics.csv's columns are the same for every env)
             **{f"entropy/{entry}": value for entry, value in stats.entropy_by_entry.items()},
@@ -200,6 +201,15 @@ class Report:
             return {}
         teams = self.teams.stats()
         return {"team_episodes": teams["episodes"], "team_return_mean": teams["episode_return_mean"]}
+
+    def _game_columns(self, episodes: int) -> dict[str, Any]:
+        """A self-play game's games finished: ``games``, the learning player's episodes and the games the opponents
+        decided before it moved (``games_decided_before_move``, no episodes: ``envs.selfplay``); none for other
+        envs. Run totals, as ``episodes`` is; the decided ones as the actors have reported them."""
+        if self.opponents is None:
+            return {}
+        decided = self.counters.games_decided_before_move
+        return {"games": episodes + decided, "games_decided_before_move": decided}
 
     def _policy_columns(self, stats: TrainStats) -> dict[str, Any]:
         """Several policies: each one's columns (``POLICY_COLUMNS``, ``POLICY_COLUMNS_ADDED``) under
@@ -256,6 +266,8 @@ class Report:
             "policy_version": trainer.version,
             "env_steps": trainer.env_steps,
             "wall_s": round(wall, 3),
+            # ended as it was asked (budget, time limit, target return), stopped before that, or failed
+            "status": "failed" if run["error"] else "completed" if run.pop("completed") else "stopped",
             "time_limited": run["time_limited"],
             "sps": round(trainer.env_steps / wall, 1) if wall > 0 else 0.0,
             "learner_cpu_s": round(time.process_time() - self.clock.cpu_at_start, 3),  # since the first phase
@@ -263,6 +275,7 @@ class Report:
             "episode_return_mean": None if math.isnan(ep["episode_return_mean"]) else ep["episode_return_mean"],
             "first_reached": self.episodes.first_reached,
             **{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in self._team_columns().items()},
+            **self._game_columns(ep["episodes"]),  # (games_decided_before_move is also a counter, in every run's)
             **({"policies": self._policy_summary()} if self.policy_returns else {}),
             **self.totals(),
             "transitions_trained": trainer.samples_trained,  # by this learner (env_steps: by all, if several)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,8 @@ from lockstep.envs.spaces import ACTIVE_LEAF
 
 if TYPE_CHECKING:
     from lockstep.sync import ClosedPhase
+
+RECENT_PHASES = 20  # closed phases whose collect times a phase's stall verdict is judged against (``StallRule``)
 
 
 class Unroll:
@@ -187,6 +189,9 @@ class TrainingPhase:
     phase: int  # the phase index, which is also the version that must train it
     batch: Batch | None  # None: every member left before completing an unroll
     collect_s: float  # seconds from the previous close to this one
+    # the collect times of the phases closed before it (the last RECENT_PHASES, oldest first): the history its
+    # stall verdict is judged against (``session.StallRule``), the one the watchdog judged it by while it collected
+    recent_s: tuple[float, ...] = ()
 
 
 class PhaseStore:
@@ -194,33 +199,39 @@ class PhaseStore:
 
     Filled on the event loop, drained by the trainer thread. The queue is bounded by
     construction: the gate lets at most ``max_lag + 1`` phases close ahead of training
-    (the reference strategies bound nothing).
+    (the reference strategies bound nothing). It times the phases with ``clock`` (seconds).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._completed: dict[int, dict[int, Unroll]] = {}  # phase -> member -> complete unroll
         self._closed: queue.Queue[TrainingPhase | None] = queue.Queue()
-        self.last_close = time.perf_counter()
+        self._clock = clock
+        self.last_close = clock()
+        # the collect times of the last RECENT_PHASES closed phases, oldest first; replaced whole at each close
+        # (which may run on the trainer thread), so that the watchdog always reads a consistent one
+        self.recent: tuple[float, ...] = ()
 
     def add(self, phase: int, unroll: Unroll) -> None:
         self._completed.setdefault(phase, {})[unroll.member] = unroll
 
     def close(self, closed: Iterable[ClosedPhase]) -> None:
         """Assemble each closed phase's unrolls, in member order, and queue the batch for training."""
-        now = time.perf_counter()
+        now = self._clock()
         for phase in closed:
             unrolls = self._completed.pop(phase.phase, {})
             batch = assemble(phase.phase, [unrolls[m] for m in phase.members]) if phase.members else None
-            self._closed.put(TrainingPhase(phase.phase, batch, now - self.last_close))
+            collect_s = now - self.last_close
+            self._closed.put(TrainingPhase(phase.phase, batch, collect_s, self.recent))
+            self.recent = (*self.recent, collect_s)[-RECENT_PHASES:]
             self.last_close = now
 
     def restart_timer(self) -> None:
         """Collection starts now (the first phase): ``collect_s`` of the first close counts from here."""
-        self.last_close = time.perf_counter()
+        self.last_close = self._clock()
 
     def collecting_s(self) -> float:
         """Seconds since the last phase closed: how long the oldest open phase has collected."""
-        return time.perf_counter() - self.last_close
+        return self._clock() - self.last_close
 
     def next(self) -> TrainingPhase | None:
         """The oldest closed phase, waiting for one; None once ``stop()`` was called."""

@@ -40,6 +40,28 @@ step since its hello and ``sync.step_deadline_min_s`` after, ``ceiling`` is ``sy
 A silent member, a hung env or a peer that never reads its replies therefore holds a phase for its
 deadline: ``sync.first_step_deadline_s`` (20 s) for one that never stepped, ``sync.step_deadline_min_s``
 (60 s) for a hung one of an ordinary env.
+
+Stalls: the watchdog also warns, once per phase, when the oldest open phase has collected for longer than the
+run's own phases usually take, naming the actors it waits for; such a phase counts as a stall (``stalls`` in
+metrics.csv and summary.json). The limit follows the phases' history (``StallRule``)::
+
+    limit = max(stall_s, factor x median(recent))
+
+``recent`` are the collect times (seconds from one phase's close to the next's) of the last
+``rollout.RECENT_PHASES`` (20) closed phases, none before the first close; ``stall_s`` is ``sync.stall_s``
+and ``factor`` is ``STALL_FACTOR`` (3). Invariants:
+
+1. A phase that collects for no longer than ``sync.stall_s`` is never a stall; before any phase has closed
+   (the first phase, which includes the actors' start) the limit is ``sync.stall_s``.
+2. A run at a steady pace, however slow, has no stall after its first phase: a phase within ``factor`` times
+   the median of the phases before it is none. A phase far slower than its history is one, and a few such
+   phases do not raise the limit for the next (the median moves only once half the window is slow).
+3. The warning and the count agree: both judge a phase against the history before it, the watchdog while it
+   collects (``PhaseStore.recent``), the trainer when it is trained (``TrainingPhase.recent_s``, the same
+   tuple). A stall is warned of at most once; one that passes its limit by less than the watchdog's tick
+   may close before the watchdog looks, and is counted all the same.
+4. The cost is a tuple of at most 20 floats replaced at each close, and its median once per watchdog tick
+   and once per trained phase.
 """
 
 from __future__ import annotations
@@ -48,6 +70,7 @@ import asyncio
 import logging
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,6 +106,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GAP_DECAY = 0.99  # per step: a slow step's weight in an actor's "slowest recent gap" halves in ~70 steps
+STALL_FACTOR = 3.0  # a phase is a stall past this many times the median collect time of the phases before it
 
 
 WATCH_TICK_MIN_S = 0.05  # the watchdog's shortest sleep: settings of milliseconds must not make it spin
@@ -143,6 +167,56 @@ class StepDeadline:
         if rule == "first step":
             return f"no step since its hello, sync.first_step_deadline_s = {self.first_step_s:g}; {less}"
         return f"the floor sync.step_deadline_min_s = {self.floor_s:g}; {less}"
+
+
+@dataclass(frozen=True)
+class StallRule:
+    """The stall rule (the module's docstring): how long a phase may collect, after phases that collected for
+    ``recent`` seconds each, before it is a stall."""
+
+    floor_s: float  # sync.stall_s
+    factor: float = STALL_FACTOR
+
+    @classmethod
+    def of(cls, config: SyncConfig) -> StallRule:
+        return cls(config.stall_s)
+
+    def limit_s(self, recent: Sequence[float]) -> float:
+        """The longest collect time that is no stall after phases of ``recent`` collect times (none: no history)."""
+        return max(self.floor_s, self.factor * statistics.median(recent)) if recent else self.floor_s
+
+    def stalled(self, collect_s: float, recent: Sequence[float]) -> bool:
+        """Whether a phase that collected for ``collect_s`` after phases of ``recent`` collect times is a stall."""
+        return collect_s > self.limit_s(recent)
+
+    def explain(self, recent: Sequence[float]) -> str:
+        """The limit and the rule that set it, with its numbers: the watchdog's warning."""
+        if not recent:
+            return f"{self.floor_s:g} s (sync.stall_s; no phase has closed yet)"
+        typical = statistics.median(recent)
+        pace = f"{self.factor:g} x the median collect time {typical:.3g} s of the last {len(recent)} phases"
+        if self.factor * typical > self.floor_s:
+            return f"{self.factor * typical:.3g} s ({pace}; sync.stall_s = {self.floor_s:g} is less)"
+        return f"{self.floor_s:g} s (sync.stall_s; {pace} is less)"
+
+
+class StallWatch:
+    """The watchdog's stall warnings: once per phase, when the oldest open phase has collected for longer than
+    ``rule`` allows after the phases closed before it (``phases.recent``)."""
+
+    def __init__(self, rule: StallRule, phases: PhaseStore) -> None:
+        self.rule, self.phases = rule, phases
+        self.warned = -1  # the last phase warned of
+
+    def overdue(self, phase: int) -> str | None:
+        """What to warn of the first time the oldest open phase, ``phase``, is past its limit; else None."""
+        if phase == self.warned:
+            return None
+        recent = self.phases.recent
+        if not self.rule.stalled(self.phases.collecting_s(), recent):
+            return None
+        self.warned = phase
+        return f"phase {phase} has collected for more than {self.rule.explain(recent)}"
 
 
 class Sessions:
@@ -295,18 +369,15 @@ class Sessions:
             self.fail(err, "the watchdog")
 
     async def watch(self, config: SyncConfig) -> None:
-        """Log, once per phase, which actors a phase waits for when it collects for longer than
-        ``config.stall_s``; evict those that owe their next step for longer than their step deadline."""
-        stall_s, rule = config.stall_s, StepDeadline.of(config)
-        warned_phase = -1
+        """Log, once per phase, which actors a phase waits for when it is a stall (``StallRule``); evict those
+        that owe their next step for longer than their step deadline."""
+        stalls, rule = StallWatch(StallRule.of(config), self.phases), StepDeadline.of(config)
         while True:
             await asyncio.sleep(watch_tick(config))
             self.evict_late(rule)
-            phase = self.gate.oldest_open
-            if self.clock.started and self.phases.collecting_s() > stall_s and warned_phase != phase:
-                warned_phase = phase
-                log.warning("phase %d has collected for more than %.0f s; waiting for %s",
-                            phase, stall_s, self.describe(self.gate.waiting_for()) or "actors to connect")
+            late = self.clock.started and stalls.overdue(self.gate.oldest_open)
+            if late:
+                log.warning("%s; waiting for %s", late, self.describe(self.gate.waiting_for()) or "actors to connect")
 
     def evict_late(self, rule: StepDeadline) -> None:
         """Evict every actor the oldest open phase waits for whose next step is later than ``rule`` allows it."""

@@ -37,7 +37,7 @@ from lockstep.learner.distributed import Ranks
 from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.report import Report
 from lockstep.learner.rollout import PhaseStore, TrainingPhase
-from lockstep.learner.session import Sessions
+from lockstep.learner.session import Sessions, StallRule
 from lockstep.observe.counters import Clock
 from lockstep.observe.metrics import EpisodeTracker
 from lockstep.observe.progress import Status
@@ -94,7 +94,7 @@ class Learner:
         self.port, self.local_address, self.error = None, None, None  # gRPC port; unix:/path (or None); failure
         self._servers: list[LearnerServer | shm.LocalServer] = []  # their codec_s goes into the time split
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._asked = False  # stop() was called: several learners finish together (_decide)
+        self._asked, self._completed = False, False  # stop() was called; the run ended by its own rule: _decide
         self._trainer = threading.Thread(target=self._train_loop, name="lockstep-trainer", daemon=True)
         self._ready, self._stop = threading.Event(), threading.Event()  # listening; serving ends
         self._guests: set[asyncio.Task] = set()  # what run_on_loop runs; cancelled when serving ends
@@ -144,7 +144,7 @@ class Learner:
 
     def stop(self, at_once: bool = False, error: BaseException | None = None) -> None:
         """Ask the learner to finish (thread-safe, also before it serves); several learners: see ``_decide``.
-        ``error``: the learner's own code failed (``Sessions.fail``); the run ends with it, at once."""
+        ``error``: the run failed (``Sessions.fail``; or every actor gone): it ends at once, with no ``final.pt``."""
         self._asked, self.error = True, self.error or error
         if self.ranks is None or at_once or error is not None or not self._trainer.is_alive():
             self._stop.set()
@@ -207,7 +207,7 @@ class Learner:
             self.report.trained(stats)
             if self.audit is not None and item.batch is not None:
                 self.audit.batch(trainer.iteration, item.phase, self.strategy, item.batch)
-        if item.collect_s > self.config.sync.stall_s:
+        if StallRule.of(self.config.sync).stalled(item.collect_s, item.recent_s):  # the rule the watchdog warns by
             self.report.counters.stalls += 1
         self.report.observe(self.backend.stats())
         if stats is not None:  # the row first: a checkpoint never claims an iteration metrics.csv lacks
@@ -223,10 +223,10 @@ class Learner:
     def _decide(self) -> tuple[bool, bool]:
         """(done: budget, time, target or stop(); a checkpoint is due): several learners agree (distributed.py)."""
         run = self.config.run
-        done = (self._asked or self.trainer.env_steps >= self.config.ppo.total_steps
-                or (run.time_limit_s is not None and self.clock.wall_s >= run.time_limit_s)
-                or (run.stop_at_return is not None and self.episodes.reached(run.stop_at_return)))
-        due = self.checkpointer.due(self.trainer.iteration)
+        self._completed = (self.trainer.env_steps >= self.config.ppo.total_steps
+                           or (run.time_limit_s is not None and self.clock.wall_s >= run.time_limit_s)
+                           or (run.stop_at_return is not None and self.episodes.reached(run.stop_at_return)))
+        done, due = self._asked or self._completed, self.checkpointer.due(self.trainer.iteration)
         return (done, due) if self.ranks is None else self.ranks.agree(done, due)
 
     # -- checkpoints and the end of a run ----------------------------------------------
@@ -241,7 +241,7 @@ class Learner:
         # No final.pt after a failure: an update it broke off may have stepped the model partly (reliability.md)
         final = None if self.error else self.checkpointer.save_final(self._checkpoint_state())
         return self.report.summary(
-            env=self.config.env.id, seed=self.config.run.seed, sync=self.strategy.name,
+            env=self.config.env.id, seed=self.config.run.seed, sync=self.strategy.name, completed=self._completed,
             time_limited=self.trainer.env_steps < self.config.ppo.total_steps and self.error is None,
             codec_s=sum(server.codec_s for server in self._servers), releases=self.sessions.releases.summary(),
             checkpoint=final and str(final.relative_to(self.run_dir)), device=str(self.device),

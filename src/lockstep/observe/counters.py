@@ -16,7 +16,7 @@ from typing import Any
 class Counters:
     """Totals over the run that the learner's own code counts (inference counts come from the backend)."""
 
-    stalls: int = 0  # phases that collected for longer than sync.stall_s
+    stalls: int = 0  # phases that collected for longer than the stall rule allows (learner.session.StallRule)
     dropped_transitions: int = 0  # collected, then discarded: unfinished unrolls, and what a resume or a stop lost
     off_policy_samples: int = 0
     transitions_collected: int = 0  # every action recorded; = trained + dropped at the end of a run
@@ -25,6 +25,8 @@ class Counters:
     evicted_actors: int = 0  # sessions ended by sync.step_deadline_s
     skipped_evaluations: int = 0  # evaluations due while the previous one still ran (run.eval_every)
     opponent_moves: int = 0  # self-play: moves the learner played for opponents (inference only, never trained)
+    # self-play: games the opponents' moves decided before the learning player moved (no episode, no sample)
+    games_decided_before_move: int = 0
 
 
 # Counter columns of metrics.csv that hold an iteration's increase of a run total.

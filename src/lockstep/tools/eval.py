@@ -14,6 +14,10 @@ with the policy acting for every agent (``episodes.play_parallel``); the report 
 (until it left), each policy's (the returns of the agents it acts for: today every agent's policy is the run's
 one, ``shared``) and the team's (each episode's agents' returns summed). Its ``return_*`` figures are per
 agent, over every agent's episodes, as metrics.csv's ``episode_return_mean`` is.
+
+A run that did not finish as it was asked (its summary.json says it failed or was stopped, or it has none:
+still training, or killed) gets a warning (``unfinished``), on stderr and in eval.json: its checkpoint is
+the policy it had when it ended, not the one its budget would have trained.
 """
 
 from __future__ import annotations
@@ -70,8 +74,12 @@ class EvalReport:
     seed: int
     episodes: list[Episode | TeamEpisode] = field(default_factory=list)
     opponent: str | None = None  # a self-play game's opponent: random, self or a run directory
+    # a self-play game's games that its opponent decided before the learning player moved: no episodes (they
+    # are the learning player's games only), counted apart; the games played are both
+    decided_before_move: int | None = None
     agents: list[str] | None = None  # a parallel env's agents (possible_agents order); None for other envs
     policy_of_agent: tuple[str, ...] = ()  # ... the policy that acts for each
+    warning: str | None = None  # the run did not finish as it was asked (``unfinished``)
 
     @property
     def returns(self) -> np.ndarray:
@@ -99,7 +107,7 @@ class EvalReport:
                     return_min=float(returns.min()), return_max=float(returns.max()),
                     length_mean=float(lengths.mean()))
         if self.opponent is not None:  # a two-player game: its outcome is the sign of the return
-            data.update(self.outcomes())
+            data.update(self.outcomes(), games=len(self.episodes) + (self.decided_before_move or 0))
         return data
 
     def team_figures(self) -> dict[str, Any]:
@@ -133,6 +141,20 @@ def _figures(returns: list[float], prefix: str = "") -> dict[str, Any]:
             f"{prefix}min": float(values.min()), f"{prefix}max": float(values.max()), f"{prefix}count": len(values)}
 
 
+def unfinished(run_dir: Path) -> str | None:
+    """Why ``run_dir``'s policy may not be the one its run was to train: the run failed, was stopped before
+    its step budget, or has no summary.json (it is still training, or was killed); None for a run that
+    ended as it was asked (its step budget, ``run.time_limit_s`` or ``run.stop_at_return``)."""
+    summary = RunDir(run_dir).summary()
+    if summary is None:
+        return f"{run_dir} has no summary.json: the run is still training, or was killed before it finished"
+    if summary.get("error") or summary.get("status") == "failed":
+        return f"{run_dir} failed ({summary.get('error')}) after {summary['env_steps']:,} env steps"
+    if summary.get("status") == "stopped":
+        return f"{run_dir} was stopped after {summary['env_steps']:,} env steps, before its step budget"
+    return None
+
+
 def load_from_checkpoint(run_dir: Path, checkpoint: str | None, observation: SpaceSpec, action: SpaceSpec,
                          device: torch.device) -> tuple[config_lib.Config, Policy, ObsNormalizer, Path, int]:
     """The run's config, its policy and observation normalizer from a checkpoint, the checkpoint's path
@@ -161,14 +183,21 @@ def _stored(run_dir: Path, checkpoint: str | None) -> tuple[config_lib.Config, P
 
 def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, seed: int = 0,
              device: str = "cpu", checkpoint: str | None = None, video_dir: Path | None = None,
-             on_episode=None, opponent: str | None = None) -> EvalReport:
+             on_episode=None, opponent: str | None = None, torch_threads: int | None = None) -> EvalReport:
     """Play ``episodes`` episodes of the run's policy (module docstring); ``on_episode(i, episode)`` is
     called as each ends. A self-play game is played against ``opponent`` (``random``, the default; ``self``,
-    the policy itself; or a run directory, its final policy), the learning seat alternating game by game."""
+    the policy itself; or a run directory, its final policy), the learning seat alternating game by game; the
+    games that the opponent decided before the learning player moved are no episodes, only counted
+    (``decided_before_move``). Torch runs on ``torch_threads`` threads (default: the run's
+    ``learner.torch_threads``, as its learner did), set for this whole process: a small network's one-row passes
+    only lose time to more threads."""
     if episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {episodes}")
+    if torch_threads is not None and torch_threads < 1:
+        raise EvalError(f"--torch-threads must be at least 1, got {torch_threads}")
     torch_device = prepare_device(device)  # on a GPU in float32, as the learner served it
     config = load_config(run_dir)
+    torch.set_num_threads(torch_threads or config.learner.torch_threads)
     env_config = config.env
     env_id = env_config.id
     if parallel_module(env_id) is not None:
@@ -176,12 +205,13 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
             raise EvalError(f"--opponent plays a turn-based game's other seats; {env_id} is no self-play game")
         return _evaluate_parallel(run_dir, env_config, config.vector_kwargs(), episodes, deterministic, seed,
                                   torch_device, checkpoint, video_dir, on_episode)
-    env = make(env_id, video_dir is not None, env_config.kwargs)
+    env = make(env_id, video_dir is not None, config.vector_kwargs())
     try:
         obs_spec, act_spec = env_specs(env, env_config)
         _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, obs_spec, act_spec,
                                                                     torch_device)
-        report = EvalReport(str(run_dir), str(path), iteration, env_id, deterministic, seed)
+        report = EvalReport(str(run_dir), str(path), iteration, env_id, deterministic, seed,
+                            warning=unfinished(run_dir))
         if isinstance(env.unwrapped, selfplay.SelfPlayGame):  # (under the episode statistics wrapper)
             report.opponent = opponent or "random"
             env.unwrapped.opponent = _opponent(report.opponent, model, normalize, (obs_spec, act_spec), seed,
@@ -190,6 +220,8 @@ def evaluate(run_dir: Path, episodes: int = 10, deterministic: bool = False, see
             raise EvalError(f"--opponent plays a turn-based game's other seats; {env_id} is no self-play game")
         report.episodes = play(env, env_id, model, normalize, (obs_spec, act_spec), episodes, deterministic, seed,
                                torch_device, video_dir, on_episode)
+        if report.opponent is not None:
+            report.decided_before_move = env.unwrapped.vec.decided_before_move
         return report
     finally:
         env.close()
@@ -214,7 +246,8 @@ def _evaluate_parallel(run_dir: Path, env_config: config_lib.EnvConfig, kwargs: 
             _, model, normalize, path, iteration = load_from_checkpoint(run_dir, checkpoint, *specs, device)
             act = slots_act(model, normalize, specs, deterministic, seed, device, len(slots.agents))
         report = EvalReport(str(run_dir), str(path), iteration, env_config.id, deterministic, seed,
-                            agents=list(slots.agents), policy_of_agent=policy_of_agents(slots))
+                            agents=list(slots.agents), policy_of_agent=policy_of_agents(slots),
+                            warning=unfinished(run_dir))
         report.episodes = play_parallel(slots, act, specs[0], episodes, seed, video_dir, on_episode)
         return report
     finally:
@@ -237,19 +270,30 @@ def _opponent(name: str, model: Policy, normalize: ObsNormalizer, specs: tuple[S
     return ModelOpponent(other, other_normalize, obs_spec, seed, device)
 
 
+def number(value: float) -> str:
+    """A return as eval prints it: at least three significant digits and at least one decimal, so that a
+    small return keeps its sign and size (-0.048 is ``-0.0480``, not ``-0.0``) and a large one its units
+    (1443.27 is ``1443.3``); under 0.001 in scientific notation (``-4.8e-05``)."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:.1f}"
+    if abs(value) < 1e-3:
+        return f"{value:.3g}"
+    return f"{value:.{max(1, 2 - math.floor(math.log10(abs(value))))}f}"
+
+
 def team_lines(report: EvalReport) -> list[str]:
     """A parallel env's figures: each policy's returns per agent, the team's, each agent's."""
     data = report.team_figures()
 
     def spread(figures: dict[str, Any]) -> str:
-        std = "" if figures["count"] < 2 else f" ± {figures['std']:.1f}"
-        return f"{figures['mean']:.1f}{std}"
+        std = "" if figures["count"] < 2 else f" ± {number(figures['std'])}"
+        return f"{number(figures['mean'])}{std}"
 
     lines = [f"policy {name} ({', '.join(figures['agents'])}): mean return {spread(figures)} per agent over "
              f"{figures['count']} agent episodes" for name, figures in data["policies"].items()]
     team = data["team"]
-    lines.append(f"team: mean return {spread(team)} over {team['count']} episodes (min {team['min']:.1f}, max "
-                 f"{team['max']:.1f}; mean length {np.mean([e.length for e in report.episodes]):.1f})")
+    lines.append(f"team: mean return {spread(team)} over {team['count']} episodes (min {number(team['min'])}, max "
+                 f"{number(team['max'])}; mean length {np.mean([e.length for e in report.episodes]):.1f})")
     lines += [f"{agent}: mean return {spread(figures)}" for agent, figures in data["agents"].items()]
     return lines
 
@@ -258,35 +302,42 @@ def summary_line(report: EvalReport) -> str:
     returns = report.returns
     lengths = [e.length for e in report.episodes]
     std = float(returns.std()) if len(returns) > 1 else math.nan
-    spread = f" ± {std:.1f}" if not math.isnan(std) else ""
-    return (f"mean return {returns.mean():.1f}{spread} over {len(returns)} episode{'s' if len(returns) > 1 else ''} "
-            f"(min {returns.min():.1f}, max {returns.max():.1f}; mean length {np.mean(lengths):.1f})"
+    spread = f" ± {number(std)}" if not math.isnan(std) else ""
+    return (f"mean return {number(returns.mean())}{spread} over {len(returns)} "
+            f"episode{'s' if len(returns) > 1 else ''} (min {number(returns.min())}, max {number(returns.max())}; "
+            f"mean length {np.mean(lengths):.1f})"
             + ("" if report.opponent is None else
                ", against {}: win_rate {win_rate:.3f}, draw_rate {draw_rate:.3f}, loss_rate {loss_rate:.3f}".format(
-                   report.opponent, **report.outcomes())))
+                   report.opponent, **report.outcomes())
+               + f"; {len(returns) + (report.decided_before_move or 0)} games played, "
+                 f"{report.decided_before_move or 0} of them decided before the learning player moved (no episodes)"))
 
 
 def main(run_dir: Path, *, episodes: int = 10, deterministic: bool = False, seed: int = 0, device: str = "cpu",
          checkpoint: str | None = None, video: str | None = None, out: str | None = None,
-         opponent: str | None = None) -> int:
+         opponent: str | None = None, torch_threads: int | None = None) -> int:
     """``lockstep eval``: play, print each episode and the summary, write eval.json; the exit code."""
 
     def show(i: int, episode: Episode | TeamEpisode) -> None:
         recorded = f", {episode.frames} frames in {episode.video}" if episode.video else ""
         if isinstance(episode, TeamEpisode):
-            agents = ", ".join(f"{agent} {ret:.1f}" for agent, ret in episode.returns.items())
-            print(f"episode {i + 1}: team return {episode.ret:.1f}, length {episode.length}{recorded}; {agents}",
+            agents = ", ".join(f"{agent} {number(ret)}" for agent, ret in episode.returns.items())
+            print(f"episode {i + 1}: team return {number(episode.ret)}, length {episode.length}{recorded}; {agents}",
                   flush=True)
         else:
-            print(f"episode {i + 1}: return {episode.ret:.1f}, length {episode.length}{recorded}", flush=True)
+            print(f"episode {i + 1}: return {number(episode.ret)}, length {episode.length}{recorded}", flush=True)
 
     try:
         report = evaluate(run_dir, episodes, deterministic, seed, device, checkpoint,
-                          Path(video) if video else None, on_episode=show, opponent=opponent)
+                          Path(video) if video else None, on_episode=show, opponent=opponent,
+                          torch_threads=torch_threads)
     except EvalError as err:
         print(f"lockstep: {err}", file=sys.stderr)
         return 2
     path = write_report(report, Path(out) if out else run_dir / "eval.json")
+    if report.warning is not None:  # beside the figures it qualifies
+        print(f"lockstep: warning: {report.warning}; {Path(report.checkpoint).name} is no finished run's policy",
+              file=sys.stderr, flush=True)
     played = (f"{report.env_id}, {Path(report.checkpoint).name} (iteration {report.iteration}), "
               f"{'deterministic' if deterministic else 'sampled'} actions")
     if report.agents is not None:

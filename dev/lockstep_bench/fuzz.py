@@ -1348,11 +1348,14 @@ def check_trail(run_dir: Path, spec: EnvSpec, report: TargetReport, audit_batche
 
     with tempfile.TemporaryDirectory(prefix="lockstep-fuzz-audit-") as tmp:
         audited = run_dir if audit_batches is None else sampled_trail(run_dir, audit_batches, Path(tmp) / "run")
-        for policy in audit.policies_of(audited):
-            checked = audit.check(audited, policy=policy)
-            if checked.exit_code != 0:
-                report.add_finding(f"lockstep audit {run_dir} (policy {policy}): "
-                                   + audit.format_report(checked)[-1500:])
+        try:
+            for policy in audit.policies_of(audited):
+                checked = audit.check(audited, policy=policy)
+                if checked.exit_code != 0:
+                    report.add_finding(f"lockstep audit {run_dir} (policy {policy}): "
+                                       + audit.format_report(checked)[-1500:])
+        except audit.AuditError as err:  # no trail, or none it can read: a finding, and the other targets still run
+            report.add_finding(f"lockstep audit {run_dir}: {err}")
     batches = sorted((run_dir / "audit").rglob("batch_*.npz"))
     if not batches:
         report.add_finding(f"no audit batch in {run_dir / 'audit'}")

@@ -186,6 +186,17 @@ def cmd_bench_spaces(args: argparse.Namespace) -> int:
     return 1 if report["failed"] else 0
 
 
+def cmd_bench_fuzz(args: argparse.Namespace) -> int:
+    from lockstep_bench import fuzz
+
+    out = Path(args.out)
+    report = fuzz.run(args.examples, out, seed=args.seed, targets=args.targets or None,
+                      rss_bound_mb=args.rss_bound_mb, audit_batches=args.audit_batches)
+    print((out / "fuzz.md").read_text())
+    print(f"wrote {out / 'fuzz.md'} and {out / 'fuzz.json'}")
+    return 1 if report["findings"] else 0
+
+
 def cmd_bench_vector(args: argparse.Namespace) -> int:
     from lockstep_bench import vector
 
@@ -325,6 +336,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the share of examples that are PettingZoo slots whose agents leave early")
     p.add_argument("--timeout-s", type=float, default=120.0, help="an example still running then has failed")
     p.set_defaults(func=cmd_bench_spaces)
+
+    p = bench_sub.add_parser("fuzz", help="generated clients (hellos, steps, orders, disconnects) over gRPC and shared "
+                                          "memory against real learners beside an honest actor: none may end the run")
+    p.add_argument("--examples", type=int, default=200, help="client sessions per learner config")
+    p.add_argument("--out", default="bench-results/fuzz", help="folder for fuzz.md, fuzz.json and runs/")
+    p.add_argument("--seed", type=int, default=0, help="the draws' seed (the same seed draws the same sessions)")
+    p.add_argument("--target", dest="targets", action="append", choices=["frozenlake", "mask-lstm", "teams", "critic"],
+                   help="a learner config to fuzz (repeatable; default every one)")
+    p.add_argument("--rss-bound-mb", type=float, default=100.0,
+                   help="how much the learner's memory may grow from the first quarter of the examples to the end")
+    p.add_argument("--audit-batches", type=int, default=None,
+                   help="audit this many of each run's batches, spread over it (default: every one; an LSTM's "
+                        "audit replays each step)")
+    p.set_defaults(func=cmd_bench_fuzz)
 
     p = bench_sub.add_parser("vector", help="env steps/s of envs that take milliseconds a step: 1 actor x N envs "
                                             "sync, 1 x N async (actors.vector), N actors x 1 env")

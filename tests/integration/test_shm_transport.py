@@ -291,3 +291,17 @@ def test_socket_folders_of_learners_that_are_gone_are_removed_and_live_ones_kept
     assert not folders["gone"][0].exists()
     assert folders["live"][0].exists() and young.exists()
     folders["live"][1].close()
+
+
+def test_a_client_refused_with_frames_still_unread_is_told_why(learner):
+    """A bad frame sent with more behind it (a client that does not wait for its replies): the learner refuses it
+    and closes with those frames unread, which must not reset the connection before the refusal is read."""
+    sock = _raw(learner.socket_path)
+    region = _welcomed(sock, hello(actor_id=next(_ROGUE_IDS)))
+    sock.send(b"\x00" * 8)  # no step frame, and two frames behind it
+    sock.send(wire.STEP.pack(wire.STEP_KIND, 0, 0))
+    sock.send(wire.STEP.pack(wire.STEP_KIND, 0, 0))
+    time.sleep(0.5)  # the learner refuses and closes before the client reads
+    region.close()
+    code, message = _refusal(sock)
+    assert code == "INVALID_ARGUMENT" and "a step frame of 8 bytes" in message, message

@@ -77,6 +77,7 @@ SOCKET_NAME = "learner.sock"
 DIR_PREFIX = "lockstep-"
 MAX_PATH = 100  # a unix socket path must fit in sun_path (108 bytes with its NUL, less on some systems)
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)  # a vanished peer is an error, not a SIGPIPE
+MAX_UNREAD = 1024  # frames a closing connection reads and drops at most (more than its socket buffer holds)
 
 
 class LocalServer:
@@ -478,5 +479,14 @@ class _Peer:
             raise ConnectionError("the actor's socket buffer is full before the welcome") from err
 
     def close(self) -> None:
+        """Close the connection, reading first what the peer sent and no one read: a unix socket closed with
+        unread frames resets its peer, whose next read then fails instead of returning the refusal (or OVER)
+        sent just before."""
         self._unwatch()
+        for _ in range(MAX_UNREAD):  # a peer that keeps sending cannot keep the event loop here
+            try:
+                if not self.sock.recv(wire.MAX_REPLY):
+                    break
+            except OSError:  # nothing more to read (BlockingIOError), or the peer is gone
+                break
         self.sock.close()

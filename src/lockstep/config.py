@@ -141,7 +141,7 @@ class ActorsConfig:
     ray_resources: dict[str, float] = setting(
         {}, "launcher ray: custom resources Ray reserves for each actor, e.g. {actor_host: 1}: Ray places actors "
             "only on nodes that offer them (ray start --resources '{\"actor_host\": 8}'); a Ray instance started "
-            "here offers enough for actors.count", flag="--ray-resources", ge=0)
+            "here offers enough for actors.count", flag="--ray-resources", gt=0)
 
 
 @dataclass

@@ -483,7 +483,7 @@ def test_a_config_naming_a_reference_design_is_refused_with_where_it_went(tmp_pa
     ("run.seed", str(2**64), str(2**64 - 1), ">= 0 and <= 18446744073709551615"),
     ("run.time_limit_s", "0", "none", "> 0"),
     ("model.hidden", "[64, 0]", "[64, 1]", "each >= 1"),
-    ("actors.ray_resources", "{actor_host: -1}", "{actor_host: 0.5}", "each value >= 0"),
+    ("actors.ray_resources", "{actor_host: 0}", "{actor_host: 0.5}", "each value > 0"),  # Ray reserves no 0
 ])
 def test_a_declared_range_is_checked_when_the_value_is_set(dotted, bad, good, wanted):
     c = Config()
@@ -508,7 +508,7 @@ def test_every_numeric_setting_declares_its_range_or_says_in_its_help_that_any_n
 
 
 def test_a_mapping_of_numbers_refuses_a_value_that_is_not_one_naming_the_field():
-    with pytest.raises(ConfigError, match=r"^actors[.]ray_resources must be each value >= 0, got \{'gpu': 'x'\}"):
+    with pytest.raises(ConfigError, match=r"^actors[.]ray_resources must be each value > 0, got \{'gpu': 'x'\}"):
         set_value(Config(), "actors.ray_resources", {"gpu": "x"})
 
 

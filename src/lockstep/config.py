@@ -512,6 +512,8 @@ class Setting:
             raise ConfigError(withdrawn or f"{self.dotted} must be one of {', '.join(self.choices)}, got {value!r}")
         if value is None or isinstance(value, (bool, str, list, dict)):
             return
+        if value != value:  # NaN: every comparison with a bound is false, so no range would ever refuse it
+            raise ConfigError(f"{self.dotted} must be {self.range() or 'a number'}, got {value}")
         if ((self.ge is not None and value < self.ge) or (self.gt is not None and value <= self.gt)
                 or (self.le is not None and value > self.le)):
             raise ConfigError(f"{self.dotted} must be {self.range()}, got {value}")

@@ -441,6 +441,17 @@ def test_a_declared_range_is_checked_when_the_value_is_set(dotted, bad, good, wa
     c.validate()
 
 
+@pytest.mark.parametrize("dotted, wanted", [("sync.phase_cutoff", "> 0 and <= 1"), ("learner.max_wait_ms", ">= 0"),
+                                            ("ppo.lr", "a number")])
+def test_nan_is_refused_whether_or_not_the_field_declares_a_range(dotted, wanted):
+    c = Config()
+    with pytest.raises(ConfigError, match=f"^{dotted.replace('.', r'[.]')} must be {wanted}, got nan$"):
+        set_value(c, dotted, "nan")
+    setattr(getattr(c, dotted.split(".")[0]), dotted.split(".")[1], float("nan"))  # assigned in code
+    with pytest.raises(ConfigError, match="got nan"):
+        c.validate()
+
+
 def test_none_passes_a_range_where_the_field_allows_none():
     c = Config()
     set_value(c, "sync.phase_cutoff", "none")

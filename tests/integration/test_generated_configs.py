@@ -1,0 +1,68 @@
+"""Generated configs end to end: config trees drawn by hypothesis from the declarations in ``lockstep.config``
+(``lockstep_bench.configs``), each run through ``lockstep train``: refused at start with a message that names a
+field it sets, or trained, resumed with a larger budget (iterations and versions continue), evaluated and
+audited (PASS). Anything else (a traceback, a hang, a refusal after training started, a value outside its
+declaration that trains) fails the example, which is printed whole as YAML.
+
+Seeded (``derandomize``): the suite runs the same few examples every time; ``lockstep bench configs --examples N``
+runs many more. ``lockstep_bench.configs.replay(YAML)`` and ``run_case`` replay a printed case.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+from conftest import lockstep_cmd
+from hypothesis import HealthCheck, Phase, given, settings
+from lockstep_bench import configs
+from lockstep_bench.configs import Case, cases, field_draws, run_case
+
+from lockstep import config as config_lib
+
+TIMEOUT_S = 90.0  # per example: a run that hangs is a failure of that example, not of the suite
+# no shrinking: every smaller example is another training run; the failing case is printed whole instead
+SUITE = settings(derandomize=True, database=None, deadline=None, phases=[Phase.explicit, Phase.generate],
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@settings(SUITE, max_examples=12)
+@given(case=cases())
+def test_a_generated_config_is_refused_at_start_by_name_or_trains_resumes_evaluates_and_audits(case,
+                                                                                               tmp_path_factory):
+    outcome = run_case(case, tmp_path_factory.mktemp("case"), TIMEOUT_S)
+    assert outcome.result in ("passed", "refused"), f"{outcome.message}\ncase:\n{outcome.case}"
+    if case.invalid:
+        assert outcome.result == "refused", f"{case.invalid} outside the declaration, yet: {outcome.message}"
+
+
+def test_the_values_drawn_for_a_field_come_from_its_declaration():
+    def draws(dotted: str) -> list[configs.Draw]:
+        return field_draws(config_lib.setting_of(dotted))
+
+    cutoff = draws("sync.phase_cutoff")  # > 0 and <= 1: both edges, each side, NaN, and a string
+    assert configs.Draw(0.0, False) in cutoff and configs.Draw(1.0, True) in cutoff
+    assert configs.Draw(1.001, False) in cutoff and configs.Draw(0.001, True) in cutoff
+    assert any(not d.valid and isinstance(d.value, float) and math.isnan(d.value) for d in cutoff)
+    assert configs.Draw("fast", False) in cutoff
+    count = draws("actors.count")  # an int >= 1: its edge, one below it, and what no int is
+    assert {configs.Draw(1, True), configs.Draw(0, False), configs.Draw(1.5, False)} <= set(count)
+    # a field without a declared range: only values known to be sensible, besides the wrong type
+    lr = draws("ppo.lr")
+    assert config_lib.setting_of("ppo.lr").range() or all(d.valid for d in lr if not isinstance(d.value, str))
+    strategy = draws("actors.transport")
+    assert {d.value for d in strategy if d.valid} == {"shm", "grpc", "inprocess"}
+    assert [d for d in strategy if not d.valid] == [configs.Draw("no-such-transport", False)]
+
+
+def test_bench_configs_writes_its_results(tmp_path):
+    done = subprocess.run([*lockstep_cmd(), "bench", "configs", "--examples", "2", "--sweeps", "0",
+                           "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    report = json.loads((tmp_path / "configs.json").read_text())
+    assert report["examples"] == 2 and len(report["outcomes"]) == 2, done.stderr[-3000:]
+    assert report["passed"] + report["refused"] + report["defects"] == 2
+    assert done.returncode == (1 if report["defects"] else 0), done.stderr[-3000:]
+    assert all(isinstance(configs.replay(o["case"]), Case) for o in report["outcomes"])
+    assert "2 examples:" in (tmp_path / "configs.md").read_text()

@@ -66,3 +66,13 @@ def test_bench_configs_writes_its_results(tmp_path):
     assert done.returncode == (1 if report["defects"] else 0), done.stderr[-3000:]
     assert all(isinstance(configs.replay(o["case"]), Case) for o in report["outcomes"])
     assert "2 examples:" in (tmp_path / "configs.md").read_text()
+
+
+def test_learner_min_actors_above_the_actors_train_starts_is_refused_at_start(tmp_path):
+    """learner.min_actors 3 of 2 actors: the first phase would wait forever for an actor no one starts."""
+    done = subprocess.run([*lockstep_cmd(), "train", "--env", "CartPole-v1", "--transport", "inprocess",
+                           "--actors", "2", "--min-actors", "3", "--no-progress", "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "config error: learner.min_actors is 3, but lockstep train starts actors.count 2" in done.stderr
+    assert not (tmp_path / "run" / "metrics.csv").exists()

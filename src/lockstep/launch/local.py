@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lockstep.actor import ActorOptions
-from lockstep.config import Config
+from lockstep.config import Config, ConfigError
 from lockstep.launch import Launcher
 from lockstep.launch.inprocess import InProcessActors
 from lockstep.launch.processes import ActorProcesses
@@ -92,6 +92,11 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     that comes before the learner serves ends the run there; a second one stops waiting. Either way
     ``Interrupted`` is raised at the end. ``parts``: see ``learner.parts``.
     """
+    if local_actors and config.learner.min_actors > config.actors.count:  # nobody else would ever come
+        raise ConfigError(f"learner.min_actors is {config.learner.min_actors}, but lockstep train starts "
+                          f"actors.count {config.actors.count} actor(s), so the first phase would wait for the "
+                          f"others forever: set learner.min_actors to at most {config.actors.count} (0: all of "
+                          "them), or start the learner alone (lockstep learner) for actors started elsewhere")
     run = _Run()
     thread = threading.Thread(target=lambda: _serve(run), name="lockstep-learner", daemon=True)
 

@@ -51,7 +51,7 @@ def test_a_policies_section_that_cannot_work_is_refused_by_name(policies, env, m
 def test_each_agent_goes_to_the_first_policy_that_matches_and_every_policy_must_get_one():
     agents = ["adversary_0", "adversary_1", "agent_0"]
     assert assign_policies(agents, {"hunters": ["adversary_*"], "rest": ["*"]}) == ("hunters", "hunters", "rest")
-    with pytest.raises(ValueError, match="agent 'agent_0' matches no policy"):
+    with pytest.raises(ValueError, match="^policies: agent 'agent_0' matches no policy"):  # names the setting
         assign_policies(agents, {"hunters": ["adversary_*"]})
     with pytest.raises(ValueError, match=r"policies \['late'\] act for no agent"):
         assign_policies(agents, {"all": ["*"], "late": ["agent_*"]})

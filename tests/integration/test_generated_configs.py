@@ -14,11 +14,13 @@ import json
 import math
 import subprocess
 
+import pytest
 from conftest import lockstep_cmd
 from hypothesis import HealthCheck, Phase, given, settings
 from lockstep_bench import configs
 from lockstep_bench.configs import Case, cases, field_draws, run_case
 
+from lockstep import cli
 from lockstep import config as config_lib
 
 TIMEOUT_S = 90.0  # per example: a run that hangs is a failure of that example, not of the suite
@@ -76,3 +78,20 @@ def test_learner_min_actors_above_the_actors_train_starts_is_refused_at_start(tm
     assert done.returncode == 2, done.stderr[-3000:]
     assert "config error: learner.min_actors is 3, but lockstep train starts actors.count 2" in done.stderr
     assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+@pytest.mark.parametrize("setting, value, refusal", [
+    ("learner.max_envs_per_actor", "1", "hello.num_envs: 2 envs, over the limit of 1 per actor"),
+    ("learner.max_space_elements", "1", "hello.observation_space: 4 elements"),
+    ("learner.max_id_length", "8", "hello.run_id: 32 characters, over the limit of 8"),
+])
+def test_learner_limits_that_refuse_the_actors_train_starts_are_refused_at_start(setting, value, refusal, tmp_path,
+                                                                                 capsys):
+    """Limits within their ranges that the hello of lockstep train's own actors breaks: refused by name before
+    anything starts, not a run whose every actor is refused and that then fails."""
+    code = cli.main(["train", "--env", "CartPole-v1", "--transport", "shm", "--actors", "1", "--envs-per-actor", "2",
+                     "--no-progress", "--run-dir", str(tmp_path / "run"), "--set", f"{setting}={value}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"config error: the learner would refuse the actors lockstep train starts: {refusal}" in err
+    assert f"({setting})" in err and not (tmp_path / "run" / "metrics.csv").exists()

@@ -70,6 +70,33 @@ def _local_actor_address(config: Config, port: int, local_address: str | None) -
     return f"127.0.0.1:{port}"
 
 
+def check_local_actors(config: Config) -> None:
+    """A ConfigError where the config refuses the actors ``lockstep train`` starts itself: a first phase that
+    waits for more actors than it starts, or learner limits (``learner.max_envs_per_actor``, ``max_id_length``,
+    ``max_space_elements``) that the hello of each of them breaks, checked here as the learner would check it,
+    so that the run is refused by name before anything starts instead of failing once every actor is refused.
+    The in-process transport's actors send no hello over a wire, and are not checked against the limits."""
+    from lockstep import envs
+    from lockstep.transport import lockstep_pb2 as pb
+    from lockstep.transport.codec import CodecError
+    from lockstep.transport.messages import check_hello, space_to_proto
+
+    if config.learner.min_actors > config.actors.count:  # nobody else would ever come
+        raise ConfigError(f"learner.min_actors is {config.learner.min_actors}, but lockstep train starts "
+                          f"actors.count {config.actors.count} actor(s), so the first phase would wait for the "
+                          f"others forever: set learner.min_actors to at most {config.actors.count} (0: all of "
+                          "them), or start the learner alone (lockstep learner) for actors started elsewhere")
+    if config.actors.transport == "inprocess" and config.actors.launcher == "local":
+        return
+    spec = envs.env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.vector_kwargs())
+    hello = pb.Hello(run_id=32 * "0", num_envs=config.actors.envs_per_actor * spec.agents, env_id=config.env.id,
+                     observation_space=space_to_proto(spec.observation), action_space=space_to_proto(spec.action))
+    try:
+        check_hello(hello, config.learner.hello_limits)  # the run id: a uuid's 32 hex digits, as actors send
+    except CodecError as err:
+        raise ConfigError(f"the learner would refuse the actors lockstep train starts: {err}") from None
+
+
 @dataclass
 class _Run:
     """What ``train`` knows of its run as it goes, shared with the learner's thread and the signal handler."""
@@ -92,11 +119,8 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     that comes before the learner serves ends the run there; a second one stops waiting. Either way
     ``Interrupted`` is raised at the end. ``parts``: see ``learner.parts``.
     """
-    if local_actors and config.learner.min_actors > config.actors.count:  # nobody else would ever come
-        raise ConfigError(f"learner.min_actors is {config.learner.min_actors}, but lockstep train starts "
-                          f"actors.count {config.actors.count} actor(s), so the first phase would wait for the "
-                          f"others forever: set learner.min_actors to at most {config.actors.count} (0: all of "
-                          "them), or start the learner alone (lockstep learner) for actors started elsewhere")
+    if local_actors:
+        check_local_actors(config)
     run = _Run()
     thread = threading.Thread(target=lambda: _serve(run), name="lockstep-learner", daemon=True)
 

@@ -72,8 +72,9 @@ def _local_actor_address(config: Config, port: int, local_address: str | None) -
 
 def check_local_actors(config: Config) -> None:
     """A ConfigError where the config refuses the actors ``lockstep train`` starts itself: a first phase that
-    waits for more actors than it starts, or learner limits (``learner.max_envs_per_actor``, ``max_id_length``,
-    ``max_space_elements``) that the hello of each of them breaks, checked here as the learner would check it,
+    waits for more actors than it starts, fewer connections than they hold (``learner.max_connections``), or
+    learner limits (``learner.max_envs_per_actor``, ``max_id_length``, ``max_space_elements``) that the hello
+    of each of them breaks, checked here as the learner would check it,
     so that the run is refused by name before anything starts instead of failing once every actor is refused.
     The in-process transport's actors send no hello over a wire, and are not checked against the limits."""
     from lockstep import envs
@@ -88,6 +89,13 @@ def check_local_actors(config: Config) -> None:
                           "them), or start the learner alone (lockstep learner) for actors started elsewhere")
     if config.actors.transport == "inprocess" and config.actors.launcher == "local":
         return
+    scheme, _, name = config.env.id.partition(":")
+    each = 2 if scheme == "pettingzoo" and envs.selfplay.is_turn_based(name) else 1  # a game's opponents: another
+    if config.learner.max_connections < config.actors.count * each:
+        raise ConfigError(f"learner.max_connections is {config.learner.max_connections}, but the "
+                          f"{config.actors.count} actor(s) lockstep train starts hold {config.actors.count * each} "
+                          "connection(s) at once, so some would be refused and the first phase would wait for "
+                          f"them forever: set learner.max_connections to at least {config.actors.count * each}")
     spec = envs.env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.vector_kwargs())
     hello = pb.Hello(run_id=32 * "0", num_envs=config.actors.envs_per_actor * spec.agents, env_id=config.env.id,
                      observation_space=space_to_proto(spec.observation), action_space=space_to_proto(spec.action))

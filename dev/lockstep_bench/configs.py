@@ -134,6 +134,7 @@ class Draw:
 
     value: Any
     valid: bool
+    edge: bool = False  # on the declared range's edge (or just outside it)
 
 
 def _numeric(s: config_lib.Setting) -> type | None:
@@ -153,12 +154,12 @@ def _edges(s: config_lib.Setting, kind: type) -> list[Draw]:
     draws = []
     step = 1 if kind is int else 1e-3
     if s.ge is not None:
-        draws += [Draw(kind(s.ge), True), Draw(kind(s.ge) - step, False)]
+        draws += [Draw(kind(s.ge), True, True), Draw(kind(s.ge) - step, False, True)]
     if s.gt is not None:
-        draws += [Draw(kind(s.gt), False), Draw(kind(s.gt) + step, True)]
+        draws += [Draw(kind(s.gt), False, True), Draw(kind(s.gt) + step, True, True)]
     if s.le is not None:
-        draws += [Draw(kind(s.le), True), Draw(kind(s.le) + (step if kind is int else max(abs(s.le) * 1e-3, step)),
-                                                False)]
+        above = step if kind is int else max(abs(s.le) * 1e-3, step)
+        draws += [Draw(kind(s.le), True, True), Draw(kind(s.le) + above, False, True)]
     if kind is float:
         draws.append(Draw(math.nan, False))
     return draws
@@ -268,8 +269,9 @@ def cases(draw, perturb: int = 3) -> Case:
         draws = field_draws(s)
         valid = [d for d in draws if d.valid]
         invalid_draws = [d for d in draws if not d.valid]  # two in three draws are valid, where both kinds exist
-        value = draw(st.sampled_from(valid if not invalid_draws or (valid and draw(st.integers(0, 2))) else
-                                     invalid_draws))
+        pool = valid if not invalid_draws or (valid and draw(st.integers(0, 2))) else invalid_draws
+        edges = [d for d in pool if d.edge]  # half the time on an edge, where the range has one
+        value = draw(st.sampled_from(edges if edges and draw(st.booleans()) else pool))
         tree.setdefault(s.section, {})[s.key] = value.value
         if not value.valid:
             invalid.append(s.dotted)

@@ -40,8 +40,8 @@ def test_a_generated_config_is_refused_at_start_by_name_or_trains_resumes_evalua
 
 
 def test_the_values_drawn_for_a_field_come_from_its_declaration():
-    def draws(dotted: str) -> list[configs.Draw]:
-        return field_draws(config_lib.setting_of(dotted))
+    def draws(dotted: str) -> list[configs.Draw]:  # without the edge flag, to compare with Draw(value, valid)
+        return [configs.Draw(d.value, d.valid) for d in field_draws(config_lib.setting_of(dotted))]
 
     cutoff = draws("sync.phase_cutoff")  # > 0 and <= 1: both edges, each side, NaN, and a string
     assert configs.Draw(0.0, False) in cutoff and configs.Draw(1.0, True) in cutoff

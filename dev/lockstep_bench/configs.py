@@ -52,6 +52,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -140,7 +141,7 @@ class Draw:
 def _numeric(s: config_lib.Setting) -> type | None:
     """int or float for a numeric field (``float | None`` too), else None."""
     hint = s.hint
-    if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType):
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     return hint if hint in (int, float) else None
 
@@ -181,10 +182,19 @@ def _wrong_type(s: config_lib.Setting) -> list[Draw]:
     return []
 
 
+def _allowed(s: config_lib.Setting, value: Any) -> bool:
+    """Whether ``s``'s declaration takes ``value`` (a sensible value may lie outside a range declared since)."""
+    try:
+        s.check(value)
+    except config_lib.ConfigError:
+        return False
+    return True
+
+
 def field_draws(s: config_lib.Setting) -> list[Draw]:
     """The values drawn for ``s``: inside its range (``SENSIBLE``, else its default), on its edges, just outside
     them, of the wrong type. A field that declares no range has only its sensible values and the wrong type."""
-    inside = [Draw(v, True) for v in SENSIBLE.get(s.dotted, [s.default])]
+    inside = [Draw(v, _allowed(s, v)) for v in SENSIBLE.get(s.dotted, [s.default])]
     if s.choices:
         inside = [Draw(c, True) for c in s.choices if (s.dotted, c) not in NOT_DRAWN]
     elif s.hint is bool:

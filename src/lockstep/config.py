@@ -219,7 +219,8 @@ class LearnerConfig:
     tls_key: str = setting("", "PEM private key for learner.tls_cert", flag="--tls-key")
     hello_timeout_s: float = setting(30.0, "a connection that has not said hello within this many seconds is "
                                            "closed (gRPC: also one that has not finished its HTTP/2 handshake, "
-                                           "or has had no open stream for this long)", gt=0)
+                                           "or has had no open stream for this long; at least 0.1 s, as an honest "
+                                           "actor opens its stream some milliseconds after it connects)", ge=0.1)
     max_connections: int = setting(1024, "the most connections open at once on each of the gRPC port and the "
                                          "unix socket; more are refused (the learner raises its open-file limit "
                                          "to fit)", ge=1)

@@ -432,6 +432,8 @@ def test_a_config_naming_a_reference_design_is_refused_with_where_it_went(tmp_pa
     ("sync.min_unroll", "1.01", "0", ">= 0 and <= 1"),
     ("sync.max_lag", "0", "2", ">= 1"),
     ("model.lstm_size", "-1", "0", ">= 0"),
+    # below the milliseconds between an actor's gRPC connection and its stream, every connection is closed
+    ("learner.hello_timeout_s", "0.001", "0.1", ">= 0.1"),
 ])
 def test_a_declared_range_is_checked_when_the_value_is_set(dotted, bad, good, wanted):
     c = Config()

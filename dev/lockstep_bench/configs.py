@@ -112,10 +112,6 @@ class Case:
     invalid: list[str] = field(default_factory=list)  # keys drawn outside their declaration: must be refused
     resume_steps: int = 0  # ppo.total_steps of the resumed run
 
-    @property
-    def env_id(self) -> str:
-        return self.config["env"]["id"]
-
     def keys(self) -> set[str]:
         """Every key the case sets (``section.key``), and ``policies`` (set or not: a PettingZoo env's agents
         whose spaces differ need it), as a refusal may name them."""
@@ -131,7 +127,7 @@ class Case:
 
 @dataclass(frozen=True)
 class Draw:
-    """A value for a field, and whether its declaration allows it (None: not declared either way)."""
+    """A value for a field, and whether its declaration allows it."""
 
     value: Any
     valid: bool

@@ -281,8 +281,8 @@ def cases(draw, perturb: int = 3) -> Case:
         tree.setdefault(s.section, {})[s.key] = value.value
         if not value.valid:
             invalid.append(s.dotted)
-        elif s.dotted in invalid:
-            invalid.remove(s.dotted)
+        else:  # the field's last draw is the value the case has
+            invalid = [key for key in invalid if key != s.dotted]
     actors = tree["actors"]
     if isinstance(actors.get("count"), int) and isinstance(actors.get("envs_per_actor"), int) and isinstance(
             tree["ppo"].get("steps_per_env"), int):

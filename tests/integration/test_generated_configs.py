@@ -29,7 +29,7 @@ SUITE = settings(derandomize=True, database=None, deadline=None, phases=[Phase.e
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
-@settings(SUITE, max_examples=12)
+@settings(SUITE, max_examples=16)
 @given(case=cases())
 def test_a_generated_config_is_refused_at_start_by_name_or_trains_resumes_evaluates_and_audits(case,
                                                                                                tmp_path_factory):

@@ -197,6 +197,16 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
     return 1 if report["findings"] else 0
 
 
+def cmd_bench_configs(args: argparse.Namespace) -> int:
+    from lockstep_bench import configs
+
+    out = Path(args.out)
+    report = configs.run(args.examples, out, seed=args.seed, timeout_s=args.timeout_s, sweeps=args.sweeps)
+    print((out / "configs.md").read_text())
+    print(f"wrote {out / 'configs.md'} and {out / 'configs.json'}")
+    return 1 if report["defects"] or report["sweeps"]["defects"] else 0
+
+
 def cmd_bench_vector(args: argparse.Namespace) -> int:
     from lockstep_bench import vector
 
@@ -350,6 +360,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="audit this many of each run's batches, spread over it (default: every one; an LSTM's "
                         "audit replays each step)")
     p.set_defaults(func=cmd_bench_fuzz)
+
+    p = bench_sub.add_parser("configs", help="generated configs (every section's fields inside, on and outside "
+                                             "their ranges, policies, transports, sync strategies, LSTM, "
+                                             "evaluation): each refused at start by name, or trained, resumed, "
+                                             "evaluated and audited")
+    p.add_argument("--examples", type=int, default=200, help="examples to draw and run")
+    p.add_argument("--out", default="bench-results/configs", help="folder for configs.md and configs.json")
+    p.add_argument("--seed", type=int, default=0, help="the draws' seed (the same seed draws the same examples)")
+    p.add_argument("--timeout-s", type=float, default=90.0, help="an example still running then is a defect")
+    p.add_argument("--sweeps", type=int, default=2, help="the first N examples that pass are also swept "
+                                                         "(lockstep sweep, two trials, two at once)")
+    p.set_defaults(func=cmd_bench_configs)
 
     p = bench_sub.add_parser("vector", help="env steps/s of envs that take milliseconds a step: 1 actor x N envs "
                                             "sync, 1 x N async (actors.vector), N actors x 1 env")

@@ -21,6 +21,7 @@ import dataclasses
 import importlib.resources
 import importlib.util
 import logging
+import math
 import numbers
 import sys
 import types
@@ -234,7 +235,8 @@ class LearnerConfig:
     tls_key: str = setting("", "PEM private key for learner.tls_cert", flag="--tls-key")
     hello_timeout_s: float = setting(30.0, "a connection that has not said hello within this many seconds is "
                                            "closed (gRPC: also one that has not finished its HTTP/2 handshake, "
-                                           "or has had no open stream for this long)", gt=0)
+                                           "or has had no open stream for this long; at least 0.1 s, as an honest "
+                                           "actor opens its stream some milliseconds after it connects)", ge=0.1)
     max_connections: int = setting(1024, "the most connections open at once on each of the gRPC port and the "
                                          "unix socket; more are refused (the learner raises its open-file limit "
                                          "to fit)", ge=1)
@@ -561,10 +563,13 @@ class Setting:
         if self.choices and value not in self.choices:
             withdrawn = WITHDRAWN.get((self.dotted, value)) if isinstance(value, str) else None
             raise ConfigError(withdrawn or f"{self.dotted} must be one of {', '.join(self.choices)}, got {value!r}")
-        if value is None or isinstance(value, (bool, str)) or not self.range():
+        if value is None or isinstance(value, (bool, str)) or not self.numeric:
             return
-        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
-        if not all(self._within(item) for item in items):
+        items = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        if any(isinstance(item, float) and math.isnan(item) for item in items):
+            # every comparison with NaN is false: no range would refuse it, and no setting takes it
+            raise ConfigError(f"{self.dotted} must be {self.range() or 'a number'}, got {value!r}")
+        if self.range() and not all(self._within(item) for item in items):
             raise ConfigError(f"{self.dotted} must be {self.range()}, got {value!r}")
 
     def _within(self, number: Any) -> bool:

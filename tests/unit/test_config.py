@@ -484,6 +484,8 @@ def test_a_config_naming_a_reference_design_is_refused_with_where_it_went(tmp_pa
     ("run.time_limit_s", "0", "none", "> 0"),
     ("model.hidden", "[64, 0]", "[64, 1]", "each >= 1"),
     ("actors.ray_resources", "{actor_host: 0}", "{actor_host: 0.5}", "each value > 0"),  # Ray reserves no 0
+    # below the milliseconds between an actor's gRPC connection and its stream, every connection is closed
+    ("learner.hello_timeout_s", "0.001", "0.1", ">= 0.1"),
 ])
 def test_a_declared_range_is_checked_when_the_value_is_set(dotted, bad, good, wanted):
     c = Config()
@@ -517,6 +519,17 @@ def test_a_policys_model_keys_are_checked_against_the_model_sections_ranges():
                    "policies": {"scouts": {"agents": ["scout_*"], "model": {"hidden": [32, 0]}},
                                 "pilots": {"agents": ["pilot_*"]}}})
     with pytest.raises(ConfigError, match=r"^policies[.]scouts[.]model[.]hidden must be each >= 1, got \[32, 0\]"):
+        c.validate()
+
+
+@pytest.mark.parametrize("dotted, wanted", [("sync.phase_cutoff", "> 0 and <= 1"), ("learner.max_wait_ms", ">= 0"),
+                                            ("run.stop_at_return", "a number")])
+def test_nan_is_refused_whether_or_not_the_field_declares_a_range(dotted, wanted):
+    c = Config()
+    with pytest.raises(ConfigError, match=f"^{dotted.replace('.', r'[.]')} must be {wanted}, got nan$"):
+        set_value(c, dotted, "nan")
+    setattr(getattr(c, dotted.split(".")[0]), dotted.split(".")[1], float("nan"))  # assigned in code
+    with pytest.raises(ConfigError, match="got nan"):
         c.validate()
 
 

@@ -87,3 +87,15 @@ def test_a_discrete_observation_enters_one_hot_and_a_tiny_grid_as_a_vector():
     build_policy(leaf, act, ModelConfig(hidden=[8])).features({"view": torch.zeros(3, 3, 2, 5, dtype=torch.uint8)})
     with pytest.raises(ValueError, match=r"model.kind small-cnn needs image observations .* of at least 3x3"):
         build_policy(tiny, act, ModelConfig(hidden=[8], kind="small-cnn"))
+
+
+def test_a_model_kind_the_observations_cannot_take_is_a_config_error_before_training(tmp_path, capsys):
+    """``model.kind small-cnn`` on CartPole's flat observation: ``lockstep train`` exits 2 with one line that
+    names the key, as for any other config error, instead of a traceback out of the learner's start."""
+    from lockstep import cli
+
+    code = cli.main(["train", "--env", "CartPole-v1", "--transport", "inprocess", "--actors", "1",
+                     "--no-progress", "--run-dir", str(tmp_path / "run"), "--set", "model.kind=small-cnn"])
+    assert code == 2
+    assert "config error: model.kind small-cnn needs image observations" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "metrics.csv").exists()

@@ -68,7 +68,7 @@ def test_the_returns_that_rank_evaluations_are_trained_team_or_a_policy_of_the_r
 def test_each_agent_goes_to_the_first_policy_that_matches_and_every_policy_must_get_one():
     agents = ["adversary_0", "adversary_1", "agent_0"]
     assert assign_policies(agents, {"hunters": ["adversary_*"], "rest": ["*"]}) == ("hunters", "hunters", "rest")
-    with pytest.raises(ValueError, match="agent 'agent_0' matches no policy"):
+    with pytest.raises(ValueError, match="^policies: agent 'agent_0' matches no policy"):  # names the setting
         assign_policies(agents, {"hunters": ["adversary_*"]})
     with pytest.raises(ValueError, match=r"policies \['late'\] act for no agent"):
         assign_policies(agents, {"all": ["*"], "late": ["agent_*"]})

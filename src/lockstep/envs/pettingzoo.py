@@ -93,8 +93,8 @@ def assign_policies(agents: list[str], patterns: dict[str, list[str]]) -> tuple[
         name = next((policy for policy, globs in patterns.items()
                      if any(fnmatch.fnmatchcase(agent, glob) for glob in globs)), None)
         if name is None:
-            raise ValueError(f"agent {agent!r} matches no policy's agents ({patterns}); the env's agents are "
-                             f"{agents}")
+            raise ValueError(f"policies: agent {agent!r} matches no policy's agents ({patterns}); the env's "
+                             f"agents are {agents}: add a pattern that matches it to a policy's agents")
         assigned.append(name)
     idle = [policy for policy in patterns if policy not in assigned]
     if idle:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lockstep.actor import ActorOptions
-from lockstep.config import Config
+from lockstep.config import Config, ConfigError
 from lockstep.launch import ActorsGone, Launcher
 from lockstep.launch.inprocess import InProcessActors
 from lockstep.launch.processes import ActorProcesses
@@ -70,6 +70,62 @@ def _local_actor_address(config: Config, port: int, local_address: str | None) -
     return f"127.0.0.1:{port}"
 
 
+def check_local_actors(config: Config) -> None:
+    """A ConfigError where the config refuses the actors ``lockstep train`` starts itself: a first phase that
+    waits for more actors than it starts, fewer connections than they hold (``learner.max_connections``), or
+    learner limits (``learner.max_envs_per_actor``, ``max_id_length``, ``max_space_elements``) that the hello
+    of each of them breaks, checked here as the learner would check it, or a ``learner.max_observation`` below the
+    finite bounds of the env's own observation space, so that the run is refused by name before anything starts
+    instead of failing once every actor is refused.
+    The in-process transport's actors send no hello over a wire, and are not checked against the limits."""
+    from lockstep import envs
+    from lockstep.transport import lockstep_pb2 as pb
+    from lockstep.transport.codec import CodecError
+    from lockstep.transport.messages import check_hello, space_to_proto
+
+    if config.learner.min_actors > config.actors.count:  # nobody else would ever come
+        raise ConfigError(f"learner.min_actors is {config.learner.min_actors}, but lockstep train starts "
+                          f"actors.count {config.actors.count} actor(s), so the first phase would wait for the "
+                          f"others forever: set learner.min_actors to at most {config.actors.count} (0: all of "
+                          "them), or start the learner alone (lockstep learner) for actors started elsewhere")
+    spec = envs.env_spec(config.env.id, config.env.obs_keys, config.env.action_mask_key, config.vector_kwargs())
+    _check_observation_bound(spec.observation, config.learner.max_observation)
+    if config.actors.transport == "inprocess" and config.actors.launcher == "local":
+        return
+    scheme, _, name = config.env.id.partition(":")
+    each = 2 if scheme == "pettingzoo" and envs.selfplay.is_turn_based(name) else 1  # a game's opponents: another
+    if config.learner.max_connections < config.actors.count * each:
+        raise ConfigError(f"learner.max_connections is {config.learner.max_connections}, but the "
+                          f"{config.actors.count} actor(s) lockstep train starts hold {config.actors.count * each} "
+                          "connection(s) at once, so some would be refused and the first phase would wait for "
+                          f"them forever: set learner.max_connections to at least {config.actors.count * each}")
+    hello = pb.Hello(run_id=32 * "0", num_envs=config.actors.envs_per_actor * spec.agents, env_id=config.env.id,
+                     observation_space=space_to_proto(spec.observation), action_space=space_to_proto(spec.action))
+    try:
+        check_hello(hello, config.learner.hello_limits)  # the run id: a uuid's 32 hex digits, as actors send
+    except CodecError as err:
+        raise ConfigError(f"the learner would refuse the actors lockstep train starts: {err}") from None
+
+
+def _check_observation_bound(observation, limit: float) -> None:
+    """A ConfigError where a Box leaf of the env's observation space declares finite bounds beyond
+    ``learner.max_observation``: the learner would refuse the env's own observations (``messages.check_step``
+    bounds float leaves and integers of 4 bytes or more; an unbounded space can only be checked step by step)."""
+    import numpy as np
+
+    for path, leaf in observation.leaves or (("", observation),):
+        dtype = np.dtype(leaf.dtype) if leaf.kind == "box" else None
+        if dtype is None or dtype.kind not in "fiu" or (dtype.kind != "f" and dtype.itemsize < 4):
+            continue
+        bounds = np.abs(np.concatenate([np.ravel(leaf.low), np.ravel(leaf.high)]).astype(np.float64))
+        widest = float(bounds[np.isfinite(bounds)].max(initial=0.0))
+        if widest > limit:
+            where = f"leaf {path!r} of the" if path else "the"
+            raise ConfigError(f"learner.max_observation is {limit:g}, but {where} env's observation space reaches "
+                              f"{widest:g}, so the learner would refuse the env's own observations: raise "
+                              "learner.max_observation above it (the default 1e10 is far above any real one)")
+
+
 @dataclass
 class _Run:
     """What ``train`` knows of its run as it goes, shared with the learner's thread and the signal handler."""
@@ -92,6 +148,8 @@ def train(config: Config, run_dir: Path, token: str | None = None, resume: bool 
     that comes before the learner serves ends the run there; a second one stops waiting. Either way
     ``Interrupted`` is raised at the end. ``parts``: see ``learner.parts``.
     """
+    if local_actors:
+        check_local_actors(config)
     run = _Run()
     thread = threading.Thread(target=lambda: _serve(run), name="lockstep-learner", daemon=True)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from torch import nn
 
-from lockstep.config import ModelConfig, setting_of
+from lockstep.config import ConfigError, ModelConfig, setting_of
 from lockstep.envs import SpaceSpec
 from lockstep.envs.spaces import MIN_IMAGE_SIDE
 from lockstep.models.encoders import LeafEncoders, flat_encoder
@@ -56,20 +56,20 @@ def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Pol
     kind = torso_kind(observation, model.kind)
     if observation.tree:
         if kind != "mlp":
-            raise ValueError(f"model.kind {kind} takes one image; a Dict or Tuple observation gets an encoder per "
+            raise ConfigError(f"model.kind {kind} takes one image; a Dict or Tuple observation gets an encoder per "
                              "leaf (a CNN for each image leaf) before the MLP: set model.kind to auto or mlp")
         if model.lstm_size == 0:
             return LeafActorCritic(observation, action, model.hidden, model.activation, model.init_log_std,
                                    model.critic_input)
         if model.critic_input == "global":
-            raise ValueError("model.critic_input global needs a feedforward network (model.lstm_size 0): under an "
+            raise ConfigError("model.critic_input global needs a feedforward network (model.lstm_size 0): under an "
                              "LSTM the actor and critic share one torso, which would let the actor read the state")
         encoders = LeafEncoders(observation)  # one trunk under the LSTM, as for a flat observation
         trunk, width = mlp_torso(encoders.width, model.hidden, model.activation)
         torso: nn.Module = nn.Sequential(encoders, trunk)
     elif kind in ("nature-cnn", "small-cnn"):
         if len(observation.shape) != 3 or min(observation.shape[1:]) < MIN_IMAGE_SIDE:
-            raise ValueError(f"model.kind {kind} needs image observations [C, H, W] of at least {MIN_IMAGE_SIDE}x"
+            raise ConfigError(f"model.kind {kind} needs image observations [C, H, W] of at least {MIN_IMAGE_SIDE}x"
                              f"{MIN_IMAGE_SIDE} pixels, got shape {observation.shape}; model.kind mlp takes any")
         make = nature_cnn if kind == "nature-cnn" else small_cnn
         torso, width = make(observation.shape[0], tuple(observation.shape[1:]), pixel_scale(observation))
@@ -81,7 +81,7 @@ def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Pol
         if encode is not None:
             torso = nn.Sequential(encode, torso)
     else:
-        raise ValueError(f"unknown model.kind {kind!r}; kinds: {', '.join(setting_of('model.kind').choices)}")
+        raise ConfigError(f"unknown model.kind {kind!r}; kinds: {', '.join(setting_of('model.kind').choices)}")
     if model.lstm_size > 0:
         return RecurrentPolicy(torso, width, model.lstm_size, action, model.init_log_std, model.critic_lstm)
     return TorsoActorCritic(torso, width, action, model.init_log_std)
@@ -91,7 +91,7 @@ def load_factory(reference: str) -> Callable[..., Policy]:
     """``package.module:name`` or ``path/to/file.py:name`` (a dotted name for a nested attribute)."""
     where, _, name = reference.rpartition(":")
     if not where or not name:
-        raise ValueError(f"model.policy {reference!r} must look like package.module:factory or file.py:factory")
+        raise ConfigError(f"model.policy {reference!r} must look like package.module:factory or file.py:factory")
     try:
         if where.endswith(".py"):
             spec = importlib.util.spec_from_file_location(f"lockstep_policy_{Path(where).stem}", where)
@@ -105,5 +105,5 @@ def load_factory(reference: str) -> Callable[..., Policy]:
         for part in name.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"model.policy {reference!r} cannot be loaded: {err}") from err
+        raise ConfigError(f"model.policy {reference!r} cannot be loaded: {err}") from err
     return target

@@ -53,7 +53,7 @@ def test_sync_imports_neither_torch_nor_grpc(module):
     assert "torch" not in loaded and "grpc" not in loaded
 
 
-@pytest.mark.parametrize("path", ["ppo.py", "optim.py"])
+@pytest.mark.parametrize("path", ["ppo.py", "optim.py", "vtrace.py"])
 def test_ppo_knows_nothing_of_transport_processes_or_versions(path):
     tree = ast.parse((SRC / "algo" / path).read_text())
     names = {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))

@@ -1,1 +1,1 @@
-"""The algorithm as tensor math: PPO's losses and GAE, observation and return statistics, sampling noise."""
+"""The algorithm as tensor math: PPO's losses and GAE, V-trace, observation and return statistics, sampling noise."""

@@ -25,8 +25,9 @@ Episode and unroll ends follow ``ppo.gae``: V(x_{t+1}) is ``next_values[t]`` (0 
 terminated at t, V of its final observation where it was truncated, V of the bootstrap observation at a
 slot's last step), and where ``continues[t]`` is 0 the trace stops: nothing after t corrects v_t, and
 v_{t+1} in A_t is that same ``next_values[t]``. Samples past a slot's end or of an agent gone (``valid``
-False) have ``continues`` 0 around them, so, as in GAE, they touch no valid sample's target or advantage;
-their own numbers are left out by the update.
+False) have ``continues`` 0, and so does the valid step before them (the slot's last step, or the agent's
+episode end): as in GAE, they touch no valid sample's target or advantage, and the update leaves their own
+numbers out.
 
 When π = μ and ρ̄, c̄ >= 1 every weight is 1: v_s is the λ = 1 return of GAE and A_s its advantage.
 ρ̄ decides the fixed point the value function converges to (ρ̄ = ∞: V^π; smaller: towards V^μ), c̄ how far

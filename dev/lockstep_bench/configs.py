@@ -65,6 +65,7 @@ from hypothesis import strategies as st
 
 from lockstep import config as config_lib
 from lockstep.common.files import atomic_write
+from lockstep_bench.spaces import ExampleTimeout, deadline
 
 KINDS = "pettingzoo:lockstep.envs.kinds"
 ENVS = ("CartPole-v1", "Pendulum-v1", KINDS)
@@ -303,25 +304,6 @@ class Outcome:
     result: str  # "passed", "refused" (at start, by name) or "defect"
     message: str = ""  # the refusal, or the defect: the stage, what went wrong and the output's tail
     seconds: float = 0.0
-
-
-class ExampleTimeout(BaseException):
-    """A run that did not end within its time (a BaseException: no ``except Exception`` of the run takes it)."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Raise ``ExampleTimeout`` in the main thread after ``seconds`` (a hung run is a defect, not a hang)."""
-    def expire(signum, frame):
-        raise ExampleTimeout(f"did not finish within {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 class _CurrentStderr(logging.Handler):

@@ -253,13 +253,13 @@ class Outcome:
     seconds: float = 0.0
 
 
-class ExampleTimeout(Exception):
-    """A run that did not end within its time."""
+class ExampleTimeout(BaseException):
+    """A run that did not end within its time (a BaseException: no ``except Exception`` of the run takes it)."""
 
 
 @contextmanager
 def deadline(seconds: float) -> Iterator[None]:
-    """Raise ``ExampleTimeout`` in the main thread after ``seconds`` (a hung run is a failure, not a hang)."""
+    """Raise ``ExampleTimeout`` in the main thread after ``seconds`` (a hung run is a failed example, not a hang)."""
     def expire(signum, frame):
         raise ExampleTimeout(f"did not finish within {seconds:g} s")
 
@@ -316,7 +316,7 @@ def run_case(case: Case, run_dir: Path, timeout_s: float = 120.0) -> Outcome:
             stage = "export"
             _export(case, run_dir)
         return outcome("passed")
-    except Exception as err:  # every error is the example's outcome, a timeout too
+    except (Exception, ExampleTimeout) as err:  # every error is the example's outcome, a timeout too
         detail = "".join(traceback.format_exception_only(type(err), err)).strip()
         return outcome("failed", f"{stage}: {detail[-2000:]}")
 

@@ -196,3 +196,16 @@ def test_vtrace_refuses_a_weight_bound_that_is_not_positive():
     zeros = torch.zeros(1, 1)
     with pytest.raises(ValueError, match="rho_bar"):
         vtrace(zeros, zeros, zeros, zeros, zeros, zeros, GAMMA, rho_bar=0.0)
+
+
+def test_a_ratio_above_rho_bar_by_rounding_alone_is_not_counted_as_truncated():
+    """Inference and the trainer compute one log-prob in float32 at different shapes and round differently (by
+    one unit in the last place, seen in strict runs): such a ratio is 1, not a truncation of ρ̄ = 1, and a
+    strict run reports none. A ratio 1e-4 above ρ̄ is."""
+    behaviour = torch.full((1, 3), -1.5, dtype=torch.float32)
+    one_ulp = torch.nextafter(behaviour, torch.zeros_like(behaviour))  # log π a unit above log μ
+    target = torch.cat([one_ulp[:, :1], behaviour[:, :1], behaviour[:, :1] + 1e-4], dim=1)
+    assert bool((target[0, 0] - behaviour[0, 0]).exp() > 1.0)  # truncated by the clamp, which changes nothing
+    zeros = torch.zeros(1, 3)
+    result = vtrace(behaviour, target, zeros, zeros, zeros, zeros, GAMMA, rho_bar=1.0)
+    assert float(result.truncated_fraction) == pytest.approx(1 / 3)  # the third only

@@ -36,16 +36,24 @@ the trace reaches; the paper's defaults are ρ̄ = c̄ = 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+# How far two float32 computations of one log-prob may differ: inference's (at its batch shape, perhaps in numpy)
+# and the trainer's (over [T, N]) round differently, as ``lockstep audit``'s tolerance allows for: an absolute
+# part and 32 units of float32's epsilon of the log-probs' magnitude. A ratio above ρ̄ by no more than that is
+# counted as ρ̄'s own, not as truncated, so that a strict run, whose every ratio is 1, reports none.
+ROUNDING = 1e-5
+ROUNDING_RELATIVE = 32 * torch.finfo(torch.float32).eps
 
 
 @dataclass
 class VTrace:
     targets: torch.Tensor  # [T, N] v_s: the value loss's targets
     advantages: torch.Tensor  # [T, N] ρ_s (r_s + γ v_{s+1} − V(x_s)): the clipped objective's advantages
-    truncated_fraction: torch.Tensor  # [] the valid samples' fraction with π/μ > ρ̄ (on the device, unread)
+    truncated_fraction: torch.Tensor  # [] the valid samples' fraction with π/μ > ρ̄ beyond ROUNDING (on the device)
 
 
 def vtrace(behaviour_logprobs: torch.Tensor, target_logprobs: torch.Tensor, rewards: torch.Tensor,
@@ -62,7 +70,8 @@ def vtrace(behaviour_logprobs: torch.Tensor, target_logprobs: torch.Tensor, rewa
         raise ValueError(f"rho_bar and c_bar must be > 0 (got rho_bar={rho_bar}, c_bar={c_bar}); "
                          "the paper's defaults are 1.0")
     with torch.no_grad():
-        ratios = (target_logprobs - behaviour_logprobs).exp()  # [T, N] π/μ
+        log_ratios = target_logprobs - behaviour_logprobs  # [T, N] log π/μ
+        ratios = log_ratios.exp()  # [T, N] π/μ
         rho = ratios.clamp(max=rho_bar)  # [T, N] ρ_t
         c = ratios.clamp(max=c_bar)  # [T, N] c_t
         T = rewards.shape[0]
@@ -75,7 +84,8 @@ def vtrace(behaviour_logprobs: torch.Tensor, target_logprobs: torch.Tensor, rewa
             delta = rho[t] * (rewards[t] + gamma * next_values[t] - values[t])  # δ_t V
             last = delta + gamma * c[t] * continues[t] * last  # v_t − V(x_t) = δ_t V + γ c_t (v_{t+1} − V(x_{t+1}))
             targets[t] = values[t] + last
-        over = ratios > rho_bar  # [T, N]
+        rounding = ROUNDING + ROUNDING_RELATIVE * (target_logprobs.abs() + behaviour_logprobs.abs())  # [T, N]
+        over = log_ratios > math.log(rho_bar) + rounding  # [T, N] truncated by ρ̄, beyond rounding
         if valid is not None:
             over = over & valid
         count = valid.sum() if valid is not None else torch.tensor(over.numel(), device=over.device)

@@ -155,7 +155,8 @@ class PPOConfig:
     lr: float = setting(2.5e-4, "Adam's learning rate", flag="--lr", gt=0)
     anneal_lr: bool = setting(True, "decay the learning rate linearly to 0 over the run")
     gamma: float = setting(0.99, "discount factor", ge=0, le=1)
-    gae_lambda: float = setting(0.95, "GAE's lambda", ge=0, le=1)
+    gae_lambda: float = setting(0.95, "GAE's lambda (not used with ppo.vtrace, whose trace ppo.vtrace_c_bar "
+                                      "cuts instead)", ge=0, le=1)
     epochs: int = setting(4, "passes over each training batch", ge=1)
     minibatches: int = setting(4, "minibatches each pass splits the batch into", ge=1)
     clip_coef: float = setting(0.2, "the clipped objective's epsilon", gt=0)
@@ -167,6 +168,13 @@ class PPOConfig:
     adam_eps: float = setting(1e-5, "Adam's epsilon", gt=0)
     target_kl: float | None = setting(None, "stop the epochs early when the approximate KL exceeds this "
                                             "(none: never)", gt=0)
+    vtrace: bool = setting(False, "targets and advantages by V-trace (IMPALA) instead of GAE: for samples that lag "
+                                  "the version that trains on them, sync.strategy pipelined")
+    vtrace_rho_bar: float = setting(1.0, "with ppo.vtrace: rho-bar, where the importance weights of the targets and "
+                                         "advantages are truncated (larger: the value of the trained policy, less "
+                                         "bias, more variance)", gt=0)
+    vtrace_c_bar: float = setting(1.0, "with ppo.vtrace: c-bar, where the importance weights that carry the trace "
+                                       "back are truncated (how far a step's correction reaches)", gt=0)
 
 
 @dataclass

@@ -73,8 +73,9 @@ def test_an_evaluations_numbers_reach_tensorboard_at_the_step_of_the_version_eva
     header, first, second = (tmp_path / "metrics.csv").read_text().splitlines()
     assert header.endswith("skipped_evaluations,eval_return_mean,eval_return_std,eval_iteration,eval_env_steps,"
                            "eval_win_rate_random,eval_win_rate_oldest,eval_oldest_version,team_episodes,"
-                           "team_return_mean,eval_team_return_mean,games,games_decided_before_move")
-    assert first.endswith(",,,,,,,,,,,,,") and second.endswith(",,30,2,1,512,,,,,,,,")
+                           "team_return_mean,eval_team_return_mean,games,games_decided_before_move,"
+                           "vtrace_truncated")
+    assert first.endswith(",,,,,,,,,,,,,,") and second.endswith(",,30,2,1,512,,,,,,,,,")
 
 
 def test_the_progress_line_shows_the_newest_evaluation_once_there_is_one():

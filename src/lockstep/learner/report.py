@@ -180,6 +180,7 @@ class Report:
             **_eval_columns(evaluated),
             **self._team_columns(),
             **self._game_columns(ep["episodes"]),
+            "vtrace_truncated": stats.vtrace_truncated,  # ppo.vtrace's; None (an empty cell) without it
             **self._policy_columns(stats),
             # an action of several parts: TensorBoard and W&B only (metrics.csv's columns are the same for every env)
             **{f"entropy/{entry}": value for entry, value in stats.entropy_by_entry.items()},
@@ -282,6 +283,9 @@ class Report:
             **({"transitions_frozen": trainer.samples_frozen} if self.policy_returns else {}),  # acted, never trained
             "policy_lag_mean": trainer.lag_sum / trainer.samples_trained if trainer.samples_trained else 0.0,
             "policy_lag_max": trainer.lag_max,
+            # ppo.vtrace: the run's fraction of the valid samples whose importance weight was truncated
+            **({"vtrace_truncated": trainer.vtrace_truncated / max(trainer.vtrace_samples, 1)}
+               if trainer.config.ppo.vtrace else {}),
             "forward_passes": inf.forward_passes,
             "inference_batch_mean": inf.rows_inferred / inf.forward_passes if inf.forward_passes else None,
             "learner_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

@@ -177,6 +177,16 @@ class Team:
         return max(self.trainers[name].lag_max for name in self.training)
 
     @property
+    def vtrace_samples(self) -> int:
+        """ppo.vtrace: the valid samples V-trace weighed, over every policy that trains ..."""
+        return sum(self.trainers[name].vtrace_samples for name in self.training)
+
+    @property
+    def vtrace_truncated(self) -> int:
+        """... and those whose ratio ρ̄ truncated."""
+        return sum(self.trainers[name].vtrace_truncated for name in self.training)
+
+    @property
     def state_size(self) -> int:
         """A slot's recurrent state: the longest of the policies' (each reads its own first entries)."""
         return max(view.state_size for view in self.views.values())
@@ -273,6 +283,7 @@ class Team:
                      float(np.average([getattr(s.update, f.name) for s in trained], weights=weights)) if trained
                      else 0.0)
             for f in dataclasses.fields(ppo.UpdateStats)})
+        traced = [s for s in trained if s.vtrace_truncated is not None]  # ppo.vtrace: every update taken
         return TrainStats(
             version=trained_version, samples=samples, off_policy_samples=sum(s.off_policy_samples for s in lags),
             policy_lag_mean=sum(s.policy_lag_mean * s.samples for s in lags) / samples if samples else 0.0,
@@ -281,6 +292,8 @@ class Team:
             entropy_by_entry={f"{name}/{entry}": value for name in self.training
                               for entry, value in stats[name].entropy_by_entry.items()},
             policies=stats,
+            vtrace_truncated=float(np.average([s.vtrace_truncated for s in traced],
+                                              weights=[max(s.samples, 1) for s in traced])) if traced else None,
         )
 
     def _check_frozen(self, name: str, batch: Batch) -> TrainStats:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from lockstep.algo import ppo
+from lockstep.algo import ppo, vtrace
 from lockstep.algo.normalize import (
     LeafStatistics,
     ObsNormalizer,
@@ -51,6 +51,7 @@ class TrainStats:
     entropy_by_entry: dict[str, float] = field(default_factory=dict)
     policies: dict[str, TrainStats] = field(default_factory=dict)  # several policies: each one's (``team``)
     skipped: bool = False  # no update: the batch held no valid sample (a policy whose agents had all left)
+    vtrace_truncated: float | None = None  # ppo.vtrace: the fraction of the valid samples whose ratio ρ̄ truncated
 
 
 class RewardScaler:
@@ -146,6 +147,8 @@ class Trainer:
         self.max_lag = max_lag  # samples lagging more are an error; None: only counted
         self.lag_sum = 0  # over every trained sample, for the run's mean lag
         self.lag_max = 0
+        self.vtrace_samples = 0  # ppo.vtrace: the valid samples V-trace weighed, run-long ...
+        self.vtrace_truncated = 0  # ... and those whose ratio ρ̄ truncated
         torch.manual_seed(config.run.seed)
         self.model = build_policy(spec.observation, spec.action, config.model).to(device)
         if ranks is not None:
@@ -197,7 +200,11 @@ class Trainer:
     def train(self, batch: Batch) -> TrainStats:
         """One PPO update on ``batch``; afterwards ``version`` is one higher. A batch without a valid sample (every
         agent of the policy gone for the whole phase) is no update: the version moves on unchanged, its statistics
-        untouched, and the stats say ``skipped`` (several learners still take part in the update, with none)."""
+        untouched, and the stats say ``skipped`` (several learners still take part in the update, with none).
+
+        Advantages and value targets come from GAE over the values the batch was collected with, or, with
+        ``ppo.vtrace``, from V-trace (``algo.vtrace``) over the policy being trained: its log-probs against the
+        stored behaviour log-probs, and its critic's values, so that samples of older versions are corrected."""
         start = time.perf_counter()
         cfg = self.config.ppo
         valid = batch.valid  # [T, N]; False past the end of unrolls cut short and where an agent had left
@@ -222,16 +229,34 @@ class Trainer:
         model = self.model
         starts = batch.starts  # [T, N] on the host: the state resets where episodes start
         initial_state = as_t(batch.initial_state)  # [N, S]
+        actions = as_t(batch.actions, torch.long if model.action_long else torch.float32)  # [T, N, *act]
+        logprobs = as_t(batch.logprobs)  # [T, N]
+        traced: vtrace.VTrace | None = None
         with torch.no_grad():
             # [T, N, S] the state after each step that a value is bootstrapped from: every slot's last
             # step (a cut at each slot's length) and each step before an episode start (truncations)
             after = model.states(obs, starts, initial_state, cuts=set(batch.lengths.tolist()))
-            next_values, continues = bootstrap(
-                batch, values, lambda o, t, n: model.value_after(normalize(as_tensors(o, dev)), after[t, n]))
-            advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
+
+            def value_after(o: np.ndarray, t: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+                return model.value_after(normalize(as_tensors(o, dev)), after[t, n])
+
+            if cfg.vtrace:
+                # π, the policy being trained, beside μ, the versions that acted (the stored log-probs): π's
+                # log-probs, and every V of the targets its critic's, the steps' and the bootstrapped ones alike.
+                # Where a sample is not valid, the batch's own numbers (a ratio of 1), which no valid sample's
+                # trace reads. The value loss's clip is then around this critic's values too.
+                current_logprobs, _, current_values = model.evaluate(obs, actions, starts, initial_state)  # [T, N]
+                valid_t = torch.from_numpy(valid).to(dev)
+                values = torch.where(valid_t, current_values, values)
+                next_values, continues = bootstrap(batch, values, value_after)
+                traced = vtrace.vtrace(logprobs, torch.where(valid_t, current_logprobs, logprobs), rewards, values,
+                                       next_values, continues, cfg.gamma, rho_bar=cfg.vtrace_rho_bar,
+                                       c_bar=cfg.vtrace_c_bar, valid=valid_t)
+                advantages, returns = traced.advantages, traced.targets
+            else:
+                next_values, continues = bootstrap(batch, values, value_after)
+                advantages, returns = ppo.gae(rewards, values, next_values, continues, cfg.gamma, cfg.gae_lambda)
         lr = self._apply_learning_rate()
-        actions = as_t(batch.actions, torch.long if model.action_long else torch.float32)  # [T, N, *act]
-        logprobs = as_t(batch.logprobs)  # [T, N]
         model.train()
         stats = ppo.update(model, self.optimizer, obs, actions, starts, initial_state, valid, logprobs, advantages,
                            returns, values, self.settings, **self._runtime())
@@ -239,7 +264,14 @@ class Trainer:
             entropies = model.entropy_by_entry(obs, starts, initial_state, torch.from_numpy(valid).to(dev))
         if self.obs_rms is not None:
             self._update_obs_rms(batch.obs[valid])
-        return self._advance(batch, lag, start, lr, stats, entropies)
+        advanced = self._advance(batch, lag, start, lr, stats, entropies)
+        if traced is None:
+            return advanced
+        fraction = float(traced.truncated_fraction)  # read once the update has read the device anyway
+        weighed = len(lag)  # the valid samples
+        self.vtrace_samples += weighed
+        self.vtrace_truncated += round(fraction * weighed)
+        return replace(advanced, vtrace_truncated=fraction)
 
     def train_empty(self) -> TrainStats:
         """Several learners: this one's phase closed with no data, and it takes part in the update with
@@ -336,6 +368,8 @@ class Trainer:
             "samples_trained": self.samples_trained,
             "lag_sum": self.lag_sum,
             "lag_max": self.lag_max,
+            "vtrace_samples": self.vtrace_samples,
+            "vtrace_truncated": self.vtrace_truncated,
             "torch_rng": torch.get_rng_state(),
             "generator": self.generator.get_state(),
         }
@@ -355,5 +389,7 @@ class Trainer:
         self.version, self.iteration, self.env_steps = state["version"], state["iteration"], state["env_steps"]
         self.samples_trained = state.get("samples_trained", self.env_steps)
         self.lag_sum, self.lag_max = state["lag_sum"], state["lag_max"]
+        self.vtrace_samples = state.get("vtrace_samples", 0)  # (a checkpoint from before ppo.vtrace: none)
+        self.vtrace_truncated = state.get("vtrace_truncated", 0)
         torch.set_rng_state(state["torch_rng"])
         self.generator.set_state(state["generator"])

@@ -26,7 +26,7 @@ COLUMNS = [
     "wasted_forward_passes", "rejected_rpcs", "torn_reads", "stalls", "torn_reads_used", "skipped_updates",
     "evicted_actors", "skipped_evaluations", "eval_return_mean", "eval_return_std", "eval_iteration", "eval_env_steps",
     "eval_win_rate_random", "eval_win_rate_oldest", "eval_oldest_version", "team_episodes", "team_return_mean",
-    "eval_team_return_mean", "games", "games_decided_before_move",
+    "eval_team_return_mean", "games", "games_decided_before_move", "vtrace_truncated",
 ]
 # An evaluation while training's columns: empty except in the row written after it finished; its values
 # belong to the version of eval_iteration (eval_env_steps), TensorBoard's event for them is at that step.

@@ -359,3 +359,67 @@ def test_adam_falls_back_to_the_loop_where_torch_has_no_fused_kernel(monkeypatch
     optimizer = adam(list(model.parameters()), 1e-3, 1e-5)
     assert isinstance(optimizer, real) and not optimizer.defaults["fused"]
     assert optimizer.defaults["lr"] == 1e-3 and optimizer.defaults["eps"] == 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# ppo.vtrace: targets and advantages from the policy being trained
+# ---------------------------------------------------------------------------------------------
+
+def vtrace_trainer(vtrace: bool, gae_lambda: float = 0.95, max_lag: int = 0) -> Trainer:
+    """A small MLP trainer, the same initial parameters for every call."""
+    config = Config()
+    config.model.hidden = [8]
+    config.ppo.epochs, config.ppo.minibatches = 2, 2
+    config.ppo.vtrace, config.ppo.gae_lambda = vtrace, gae_lambda
+    return Trainer(config, SPEC, torch.device("cpu"), max_lag=max_lag)
+
+
+def acted_batch(trainer: Trainer, shift=None, versions=0) -> Batch:
+    """T=6, N=3 random steps (an episode terminated, one truncated, slot 2 cut short at 4 steps) whose behaviour
+    log-probs and values are the trainer's own, plus ``shift`` [T, N] on the log-probs (μ = π e^-shift)."""
+    g = np.random.default_rng(5)
+    T, N = 6, 3
+    batch = make_batch(np.zeros((T, N)), lengths=[6, 6, 4], terminated=[(2, 0)], finals=[(3, 1, (0.5, -0.5))],
+                       rewards=g.normal(size=(T, N)), bootstrap_obs=g.normal(size=(N, 2)), versions=versions,
+                       version=trainer.version)
+    batch.obs[:] = g.normal(size=(T, N, 2))
+    batch.actions[:] = g.integers(0, 2, size=(T, N))
+    with torch.no_grad():
+        logprobs, _, values = trainer.model.evaluate(trainer.normalizer()(torch.as_tensor(batch.obs)),
+                                                     torch.as_tensor(batch.actions), batch.starts,
+                                                     torch.zeros(N, 0))
+    batch.logprobs[:] = logprobs.numpy() - (0.0 if shift is None else np.asarray(shift, np.float32))
+    batch.values[:] = values.numpy()
+    return batch
+
+
+def test_vtrace_on_policy_updates_as_gae_with_lambda_one_whatever_gae_lambda_says():
+    """Every ratio is 1 where the behaviour policy is the one being trained: V-trace's targets and advantages are
+    GAE's with λ = 1 (to rounding), and ppo.gae_lambda is not used."""
+    traced, gae_1, gae_95 = vtrace_trainer(True, 0.95), vtrace_trainer(False, 1.0), vtrace_trainer(False, 0.95)
+    before = [p.detach().clone() for p in traced.model.parameters()]
+    stats = traced.train(acted_batch(traced))
+    assert gae_1.train(acted_batch(gae_1)).vtrace_truncated is None
+    gae_95.train(acted_batch(gae_95))
+    assert stats.vtrace_truncated == 0.0 and (traced.vtrace_samples, traced.vtrace_truncated) == (16, 0)
+    for a, b in zip(traced.model.parameters(), gae_1.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(a, start) for a, start in zip(traced.model.parameters(), before))
+    assert any(not torch.allclose(a, c, rtol=1e-4, atol=1e-5)
+               for a, c in zip(traced.model.parameters(), gae_95.model.parameters()))
+
+
+def test_vtrace_reports_the_fraction_of_valid_lagged_samples_whose_ratio_rho_bar_truncated():
+    trainer = at_version(vtrace_trainer(True, max_lag=2), 2)
+    # μ = π / 4 on the first two rows (ratio 4 > ρ̄ = 1: truncated), μ = 2 π elsewhere (ratio 1/2: not); slot 2's
+    # steps past its cut (rows 4, 5) have ratio 4 too, and are not samples
+    shift = np.full((6, 3), -np.log(2.0))
+    shift[:2] = np.log(4.0)
+    shift[4:, 2] = np.log(4.0)
+    stats = trainer.train(acted_batch(trainer, shift, versions=[[2, 1, 0]] * 6))
+    assert stats.policy_lag_max == 2 and stats.vtrace_truncated == pytest.approx(6 / 16)
+    assert (trainer.vtrace_samples, trainer.vtrace_truncated) == (16, 6)
+    state = trainer.state_dict()
+    again = vtrace_trainer(True, max_lag=2)
+    again.load_state_dict(state)
+    assert (again.vtrace_samples, again.vtrace_truncated) == (16, 6)

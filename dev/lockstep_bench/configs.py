@@ -9,7 +9,7 @@ added there is drawn here too) over a few small envs:
   (agents of two kinds, whose spaces differ) with a ``policies`` mapping (two or three policies, per-policy
   model keys, a frozen one) or without one (refused by design: the kinds cannot share one network);
 - the features: the transports (shm, grpc, inprocess), ``actors.vector`` sync or async, the synchronization
-  strategies (strict, pipelined with ``sync.max_lag``, ``sync.phase_cutoff``), observation and reward
+  strategies (strict, pipelined with ``sync.max_lag`` and ``ppo.vtrace``, ``sync.phase_cutoff``), observation and reward
   normalization, an LSTM (a critic of its own or not), the critic's input, ``run.eval_every``, periodic
   checkpoints, the inference kernel; the sizes (actors, envs, T, iterations, epochs, minibatches, hidden
   layers) drawn from small ranges, so that every run is a few tiny iterations;
@@ -87,6 +87,7 @@ SENSIBLE: dict[str, list[Any]] = {
     "ppo.gae_lambda": [0.0, 0.95, 1.0], "ppo.epochs": [1, 2], "ppo.minibatches": [1, 2, 4],
     "ppo.clip_coef": [0.1, 0.2], "ppo.ent_coef": [0.0, 0.01], "ppo.vf_coef": [0.5, 1.0],
     "ppo.max_grad_norm": [0.5, 10.0], "ppo.adam_eps": [1e-8, 1e-5], "ppo.target_kl": [None, 0.01, 1.0],
+    "ppo.vtrace_rho_bar": [0.5, 1.0, 2.0], "ppo.vtrace_c_bar": [0.5, 1.0],
     "model.init_log_std": [-1.0, 0.0], "model.lstm_size": [0, 4, 8], "model.hidden": [[8], [4, 4], [16], []],
     "learner.min_actors": [0, 1], "learner.max_batch": [1, 8, 4096], "learner.max_wait_ms": [0.0, 2.0, 5.0],
     "learner.torch_threads": [1, 2], "learner.max_message_mb": [1, 64], "learner.max_observation": [1e10, 1e38],
@@ -256,6 +257,7 @@ def cases(draw, perturb: int = 3) -> Case:
     }
     if tree["sync"]["strategy"] == "pipelined":
         tree["sync"]["max_lag"] = draw(st.integers(1, 2))
+        tree["ppo"]["vtrace"] = draw(st.booleans())
     if draw(st.integers(0, 3)) == 0:
         tree["sync"]["phase_cutoff"] = draw(st.sampled_from([0.5, 1.0]))
         tree["sync"]["min_unroll"] = draw(st.sampled_from([0.0, 0.25, 1.0]))

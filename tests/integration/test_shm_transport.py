@@ -299,8 +299,11 @@ def test_a_client_refused_with_frames_still_unread_is_told_why(learner):
     sock = _raw(learner.socket_path)
     region = _welcomed(sock, hello(actor_id=next(_ROGUE_IDS)))
     sock.send(b"\x00" * 8)  # no step frame, and two frames behind it
-    sock.send(wire.STEP.pack(wire.STEP_KIND, 0, 0))
-    sock.send(wire.STEP.pack(wire.STEP_KIND, 0, 0))
+    try:
+        sock.send(wire.STEP.pack(wire.STEP_KIND, 0, 0))
+        sock.send(wire.STEP.pack(wire.STEP_KIND, 0, 0))
+    except BrokenPipeError:  # the learner had refused and closed already: nothing was left unread, still told why
+        pass
     time.sleep(0.5)  # the learner refuses and closes before the client reads
     region.close()
     code, message = _refusal(sock)

@@ -488,6 +488,14 @@ def run_sweep(case: Case, workdir: Path, timeout_s: float = 300.0, jobs: int = 2
 
 # ---- the benchmark ----
 
+def _counts(outcomes: list[Outcome]) -> dict[str, Any]:
+    """The examples, how many ended each way, and each outcome: the report's figures, of the configs or the sweeps."""
+    return {"examples": len(outcomes),
+            **{key: sum(o.result == result for o in outcomes)
+               for key, result in (("passed", "passed"), ("refused", "refused"), ("defects", "defect"))},
+            "outcomes": [dataclasses.asdict(o) for o in outcomes]}
+
+
 def run(examples: int, out: Path, seed: int = 0, timeout_s: float = 90.0, sweeps: int = 2) -> dict[str, Any]:
     """``examples`` cases drawn from seed ``seed``, each run by ``run_case``, and the first ``sweeps`` of them
     that passed with actor processes (where a sweep's layout may change the transport) swept (``run_sweep``);
@@ -500,16 +508,10 @@ def run(examples: int, out: Path, seed: int = 0, timeout_s: float = 90.0, sweeps
 
     def save() -> dict[str, Any]:
         report = {
-            "examples": len(outcomes), "passed": sum(o.result == "passed" for o in outcomes),
-            "refused": sum(o.result == "refused" for o in outcomes),
-            "defects": sum(o.result == "defect" for o in outcomes), "seed": seed,
+            **_counts(outcomes), "seed": seed,
             "elapsed_s": round(time.monotonic() - started, 1), "loadavg_at_start": load_at_start,
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-            "outcomes": [dataclasses.asdict(o) for o in outcomes],
-            "sweeps": {"examples": len(swept), "passed": sum(o.result == "passed" for o in swept),
-                       "refused": sum(o.result == "refused" for o in swept),
-                       "defects": sum(o.result == "defect" for o in swept),
-                       "outcomes": [dataclasses.asdict(o) for o in swept]},
+            "sweeps": _counts(swept),
         }
         atomic_write(out / "configs.json", json.dumps(report, indent=1))
         atomic_write(out / "configs.md", format_report(report, examples))

@@ -9,10 +9,10 @@ added there is drawn here too) over a few small envs:
   (agents of two kinds, whose spaces differ) with a ``policies`` mapping (two or three policies, per-policy
   model keys, a frozen one) or without one (refused by design: the kinds cannot share one network);
 - the features: the transports (shm, grpc, inprocess), ``actors.vector`` sync or async, the synchronization
-  strategies (strict, pipelined with ``sync.max_lag`` and ``ppo.vtrace``, ``sync.phase_cutoff``), observation and reward
-  normalization, an LSTM (a critic of its own or not), the critic's input, ``run.eval_every``, periodic
-  checkpoints, the inference kernel; the sizes (actors, envs, T, iterations, epochs, minibatches, hidden
-  layers) drawn from small ranges, so that every run is a few tiny iterations;
+  strategies (strict; pipelined and async with ``sync.max_lag`` and ``ppo.vtrace``; ``sync.phase_cutoff``),
+  observation and reward normalization, an LSTM (a critic of its own or not), the critic's input,
+  ``run.eval_every``, periodic checkpoints, the inference kernel; the sizes (actors, envs, T, iterations, epochs,
+  minibatches, hidden layers) drawn from small ranges, so that every run is a few tiny iterations;
 - then up to three fields of any section set again: inside the declared range, on its edge, just outside it,
   NaN, a value of the wrong type or a choice that is none. A setting that declares no range is drawn only
   from values known to be sensible (``SENSIBLE``): whether others are valid is not declared, so not tested.
@@ -94,7 +94,8 @@ SENSIBLE: dict[str, list[Any]] = {
     "learner.max_reward": [1e10, 1e38], "learner.max_envs_per_actor": [16, 65_536],
     "learner.max_id_length": [256, 1024], "learner.max_space_elements": [1024, 1 << 24],
     "learner.hello_timeout_s": [10.0, 30.0], "learner.max_connections": [64, 1024],
-    "sync.max_lag": [1, 2, 3], "sync.stall_s": [5.0, 10.0], "sync.step_deadline_s": [60.0, 300.0],
+    "sync.max_lag": [None, 1, 2, 3], "ppo.vtrace": [None, False, True],
+    "sync.stall_s": [5.0, 10.0], "sync.step_deadline_s": [60.0, 300.0],
     "sync.first_step_deadline_s": [20.0, 60.0], "sync.step_deadline_min_s": [30.0, 60.0],
     "sync.step_deadline_factor": [1.0, 10.0], "sync.phase_cutoff": [None, 0.5, 1.0],
     "sync.min_unroll": [0.0, 0.25, 1.0],
@@ -169,9 +170,9 @@ def _wrong_type(s: config_lib.Setting) -> list[Draw]:
     hint, origin = s.hint, typing.get_origin(s.hint)
     if s.choices:
         return [Draw("no-such-" + s.key, False)]
-    if hint is bool:
+    if hint in (bool, bool | None):
         return [Draw("maybe", False)]
-    if hint is int:
+    if _numeric(s) is int:
         return [Draw(1.5, False), Draw("many", False)]
     if _numeric(s) is float:
         return [Draw("fast", False)]
@@ -250,14 +251,14 @@ def cases(draw, perturb: int = 3) -> Case:
                   "critic_lstm": bool(lstm) and draw(st.booleans()),
                   "activation": draw(st.sampled_from(["tanh", "relu"]))},
         "learner": {"device": "cpu", "inference_kernel": draw(st.sampled_from(["auto", "torch"]))},
-        "sync": {"strategy": draw(st.sampled_from(["strict", "pipelined"]))},
+        "sync": {"strategy": draw(st.sampled_from(["strict", "pipelined", "async"]))},
         "run": {"audit": True, "progress": False, "seed": draw(st.integers(0, 3)),
                 "checkpoint_every": draw(st.sampled_from([0, 1, 2])),
                 "eval_every": draw(st.sampled_from([0, 0, 0, 1])), "eval_episodes": 1},
     }
-    if tree["sync"]["strategy"] == "pipelined":
-        tree["sync"]["max_lag"] = draw(st.integers(1, 2))
-        tree["ppo"]["vtrace"] = draw(st.booleans())
+    if tree["sync"]["strategy"] != "strict":  # the bound, or the strategy's default; V-trace on, off or its default
+        tree["sync"]["max_lag"] = draw(st.sampled_from([None, 1, 2, 4]))
+        tree["ppo"]["vtrace"] = draw(st.sampled_from([None, False, True]))
     if draw(st.integers(0, 3)) == 0:
         tree["sync"]["phase_cutoff"] = draw(st.sampled_from([0.5, 1.0]))
         tree["sync"]["min_unroll"] = draw(st.sampled_from([0.0, 0.25, 1.0]))

@@ -74,6 +74,7 @@ class Case:
     policies: bool = False  # many agents: two policies, the first agent's and the others' (``policies``)
     critic_input: str = "own"  # many agents: global, the critic reads the env's global state (MAPPO)
     length: int = 6  # steps an episode lasts at most
+    sync: str = "strict"  # sync.strategy: async trains its lagged samples on V-trace, over every space drawn
 
     @property
     def env_id(self) -> str:
@@ -102,7 +103,7 @@ class Case:
             "actors.count": 1, "actors.envs_per_actor": 2, "actors.transport": "inprocess", "actors.restarts": 0,
             "ppo.steps_per_env": self.steps_per_env, "ppo.total_steps": 2 * slots * self.steps_per_env,
             "ppo.epochs": 1, "ppo.minibatches": 2, "model.hidden": [8], "model.critic_input": self.critic_input,
-            "learner.device": "cpu",
+            "learner.device": "cpu", "sync.strategy": self.sync,
             "learner.inference_kernel": self.kernel, "run.audit": True, "run.progress": False, "run.seed": seed,
             "run.run_dir": str(run_dir),
         }.items():
@@ -229,6 +230,7 @@ def cases(draw, multi_agent: bool = False) -> Case:
     if keys and not case.policies and draw(st.integers(0, 3)) == 0:
         kept = draw(st.lists(st.sampled_from(keys), min_size=1, max_size=len(keys), unique=True))
         case.obs_keys = kept + ([case.mask] if case.mask and case.mask not in kept else [])
+    case.sync = draw(st.sampled_from(["strict", "strict", "pipelined", "async"]))
     return case
 
 

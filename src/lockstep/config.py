@@ -168,8 +168,9 @@ class PPOConfig:
     adam_eps: float = setting(1e-5, "Adam's epsilon", gt=0)
     target_kl: float | None = setting(None, "stop the epochs early when the approximate KL exceeds this "
                                             "(none: never)", gt=0)
-    vtrace: bool = setting(False, "targets and advantages by V-trace (IMPALA) instead of GAE: for samples that lag "
-                                  "the version that trains on them, sync.strategy pipelined")
+    vtrace: bool | None = setting(None, "targets and advantages by V-trace (IMPALA) instead of GAE, for samples "
+                                        "that lag the version that trains on them (none: on with sync.strategy "
+                                        "async, off otherwise)")
     vtrace_rho_bar: float = setting(1.0, "with ppo.vtrace: rho-bar, where the importance weights of the targets and "
                                          "advantages are truncated (larger: the value of the trained policy, less "
                                          "bias, more variance)", gt=0)
@@ -268,10 +269,13 @@ class LearnerConfig:
 class SyncConfig:
     """Synchronization between inference and training (docs/synchronization.md)."""
 
-    strategy: SyncStrategy = setting("strict", "strict (the admission gate, strictly on-policy) or pipelined "
-                                               "(collection overlaps training, lag <= sync.max_lag)", flag="--sync")
-    max_lag: int = setting(1, "pipelined: the most versions a sample may lag the version that trains on it "
-                              "(0 is sync.strategy strict)", flag="--max-lag", ge=1)
+    strategy: SyncStrategy = setting("strict", "strict (the admission gate, strictly on-policy), pipelined "
+                                               "(collection overlaps training, lag <= sync.max_lag, 1 by default) "
+                                               "or async (actors held only at the lag bound, sync.max_lag 4 by "
+                                               "default, V-trace by default)", flag="--sync")
+    max_lag: int | None = setting(None, "pipelined and async: the most versions a sample may lag the version that "
+                                        "trains on it (none: 1 for pipelined, 4 for async; strict allows no lag "
+                                        "and does not read it)", flag="--max-lag", ge=1)
     stall_s: float = setting(10.0, "the stall rule's floor: a phase collecting longer than this and than 3 x the "
                                    "median collect time of the last 20 phases counts as a stall and is logged with "
                                    "the actors it waits for (before any phase has closed: longer than this); a "
@@ -407,6 +411,11 @@ class Config:
         """Whether a critic reads the env's global state (``model.critic_input``, the run's or a policy's)."""
         models = [self.model_of(name) for name in self.policies] or [self.model]
         return any(model.critic_input == "global" for model in models)
+
+    def uses_vtrace(self) -> bool:
+        """Whether the trainers take V-trace's targets and advantages: ``ppo.vtrace``, or, where it is left unset,
+        whether the run is asynchronous (``sync.strategy async``)."""
+        return self.ppo.vtrace if self.ppo.vtrace is not None else self.sync.strategy == "async"
 
     def model_of(self, policy: str) -> ModelConfig:
         """The network of ``policy``: the run's model section with the policy's own keys over it."""

@@ -51,6 +51,14 @@ def _edit_batch(run_dir: Path, iteration: int, **changes) -> None:
     np.savez_compressed(path, **arrays)
 
 
+def _put(index: tuple[int, ...], value):
+    """An edit for ``_edit_batch``: set one element of the array."""
+    def change(array: np.ndarray) -> np.ndarray:
+        array[index] = value
+        return array
+    return change
+
+
 def _copy(run_dir: Path, tmp_path: Path, name: str = "copy") -> Path:
     return Path(shutil.copytree(run_dir, tmp_path / name))
 
@@ -189,3 +197,44 @@ def test_a_trail_without_batches_is_nothing_checked_with_exit_2(pipelined_run, t
         path.unlink()
     code, verdict = _verdict(run, capsys)
     assert code == 2 and verdict.startswith("NOTHING CHECKED")
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory) -> Path:
+    """Async CartPole with --audit, lag bound 2 (V-trace on, async's default): 2 actor processes x 2 envs x 16
+    steps, 8 iterations."""
+    run_dir = tmp_path_factory.mktemp("async") / "run"
+    result = subprocess.run([
+        *lockstep_cmd(), "train", "--env", "CartPole-v1", "--actors", "2", "--envs-per-actor", "2",
+        "--steps-per-env", "16", "--total-steps", str(2 * 2 * 16 * 8), "--sync", "async", "--max-lag", "2",
+        "--seed", "3", "--audit", "--no-progress", "--run-dir", str(run_dir),
+    ], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_an_async_run_passes_with_its_lag_distribution_and_a_planted_stale_sample_fails(async_run, tmp_path):
+    """The async trail passes within its bound and prints the lag's distribution; a sample restamped to a version
+    3 behind the one that trained it, its log-prob made exactly that version's, fails: no async run with lag
+    bound 2 can produce it, however well it recomputes."""
+    result = subprocess.run([*lockstep_cmd(), "audit", str(async_run)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "async: every sample within lag 2 of the version that trained on it" in result.stdout
+    report = audit.check(async_run)
+    assert {(it.strategy, it.max_lag) for it in report.iterations} == {("async", 2)}
+    assert sum(report.lag_counts) == report.samples and len(report.lag_counts) <= 3
+    assert "lag (versions: samples): 0: " in result.stdout
+
+    run = _copy(async_run, tmp_path)
+    late = max(it.iteration for it in report.iterations if it.trained_by >= 3)
+    with np.load(run / "audit" / f"batch_{late:06d}.npz") as data:
+        obs, actions, trained_by = data["obs"][0, 0], data["actions"][0, 0], int(data["trained_by"])
+    stale = trained_by - 3
+    stored = _logprob(run, stale, obs, actions)
+    _edit_batch(run, late, versions=_put((0, 0), stale), logprobs=_put((0, 0), stored))
+    it = audit.check(run).iteration(late)
+    assert (it.differing, it.lag_max, it.lag_violations) == (0, 3, 1)
+    assert it.failures == ["1 sample(s) lag the version that trained them by more than max_lag 2 (lag up to 3)"]
+    code, verdict = _audit_cli(run)
+    assert code == 1 and verdict.startswith("FAIL") and f"iteration {late}" in verdict

@@ -40,10 +40,17 @@ def _check(case: Case, tmp_path_factory) -> None:
 CHANNELS_LAST = Case(observation={"dict": {"frame": {"box": [5, 4, 3], "dtype": "uint8"}, "v": {"box": [2]}}},
                      action={"discrete": 3})
 
+# async (V-trace by default) over an action of several parts with a mask: the current policy's log-probs of
+# every part, masked, weigh the lagged samples
+ASYNC_MASKED = Case(observation={"dict": {"v": {"box": [3]}}}, action={"dict": {"go": {"discrete": 4},
+                                                                                "dial": {"box": [2]}}},
+                    mask="legal", mask_key="legal", sync="async")
+
 
 @settings(SUITE, max_examples=32)
 @given(case=cases())
 @example(case=CHANNELS_LAST)
+@example(case=ASYNC_MASKED)
 def test_generated_spaces_of_one_agent_train_pass_the_audit_and_evaluate(case, tmp_path_factory):
     _check(case, tmp_path_factory)
 

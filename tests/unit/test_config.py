@@ -444,7 +444,17 @@ def test_a_field_with_choices_takes_each_and_nothing_else_naming_key_value_and_c
 def test_the_sync_strategies_are_the_registrys():
     from lockstep.sync import NAMES
 
-    assert config_lib.setting_of("sync.strategy").choices == NAMES == ("strict", "pipelined")
+    assert config_lib.setting_of("sync.strategy").choices == NAMES == ("strict", "pipelined", "async")
+
+
+@pytest.mark.parametrize(("strategy", "vtrace", "used"), [
+    ("strict", None, False), ("pipelined", None, False), ("async", None, True),
+    ("async", False, False), ("pipelined", True, True), ("strict", True, True),
+])
+def test_vtrace_left_unset_is_on_exactly_for_async_runs(strategy, vtrace, used):
+    config = config_lib.from_dict({"sync": {"strategy": strategy}, "ppo": {"vtrace": vtrace}})
+    config.validate()
+    assert config.uses_vtrace() is used
 
 
 @pytest.mark.parametrize("name", ["spin-flags", "spin-redo", "reject-retry", "seqlock"])

@@ -74,7 +74,8 @@ def test_an_evaluations_numbers_reach_tensorboard_at_the_step_of_the_version_eva
     assert header.endswith("skipped_evaluations,eval_return_mean,eval_return_std,eval_iteration,eval_env_steps,"
                            "eval_win_rate_random,eval_win_rate_oldest,eval_oldest_version,team_episodes,"
                            "team_return_mean,eval_team_return_mean,games,games_decided_before_move,"
-                           "vtrace_truncated")
+                           "vtrace_truncated,policy_lag_p50,policy_lag_p90,policy_lag_at_bound")
+    first, second = first.rsplit(",", 3)[0], second.rsplit(",", 3)[0]  # (the lag's columns: strict's)
     assert first.endswith(",,,,,,,,,,,,,,") and second.endswith(",,30,2,1,512,,,,,,,,,")
 
 

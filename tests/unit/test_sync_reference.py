@@ -87,12 +87,17 @@ def _busy(seconds: float) -> None:
 
 
 def test_the_registry_offers_what_trains_and_the_benchmarks_run_the_designs():
-    assert NAMES == ("strict", "pipelined")
+    assert NAMES == ("strict", "pipelined", "async")
     assert tuple(DESIGNS) == REFERENCE_DESIGNS  # the names the runtime refuses, pointing here
     assert reference.NAMES == (*NAMES, *REFERENCE_DESIGNS)  # what lockstep bench sync compares
     assert strategy("strict").max_lag == 0 and strategy("strict").snapshots
     assert strategy("pipelined").max_lag == 1 and strategy("pipelined", max_lag=3).max_lag == 3
     assert strategy("pipelined", 2).gate(4, 2).max_lag == 2
+    # async: the same gate over snapshots, with a bound of several versions by default
+    assert (strategy("async").max_lag, strategy("async", 8).max_lag, strategy("async").snapshots) == (4, 8, True)
+    with pytest.raises(ValueError, match="async mode needs --max-lag >= 1"):
+        strategy("async", max_lag=0)
+    assert recorded("async", 3) == strategy("async", 3) and recorded("async") == strategy("async", 4)
     assert strategy("strict").gate(4, 2).max_lag == 0
     with pytest.raises(ValueError):
         strategy("pipelined", max_lag=0)

@@ -166,8 +166,8 @@ def for_run(config: Config, spec: EnvSpec, backend: InferenceBackend, counters: 
         return None
     current = getattr(backend, "current", None)
     if current is None:
-        raise ValueError(f"self-play ({config.env.id}) needs a backend that publishes snapshots (strict or "
-                         "pipelined): the opponents play them, and this one updates the model in place")
+        raise ValueError(f"self-play ({config.env.id}) needs a backend that publishes snapshots (strict, "
+                         "pipelined or async): the opponents play them, and this one updates the model in place")
     return OpponentPool(config.selfplay, config.run.seed, current, counters, config.learner.max_wait_ms / 1000.0,
                         spec.observation)
 

@@ -32,6 +32,7 @@ from lockstep.observe.metrics import (
     POLICY_PREFIX,
     EpisodeTracker,
     MetricsWriter,
+    lag_distribution,
     write_summary,
 )
 from lockstep.observe.progress import Status
@@ -167,6 +168,7 @@ class Report:
             "off_policy_samples": stats.off_policy_samples,
             "policy_lag_mean": stats.policy_lag_mean,
             "policy_lag_max": stats.policy_lag_max,
+            **lag_distribution(stats.lag_counts, trainer.max_lag),
             "inference_batch_mean": increase["rows_inferred"] / passes if passes else math.nan,
             "collect_s": collect_s,
             "train_s": stats.train_s,
@@ -283,9 +285,10 @@ class Report:
             **({"transitions_frozen": trainer.samples_frozen} if self.policy_returns else {}),  # acted, never trained
             "policy_lag_mean": trainer.lag_sum / trainer.samples_trained if trainer.samples_trained else 0.0,
             "policy_lag_max": trainer.lag_max,
+            "policy_lag_counts": trainer.lag_counts.tolist(),  # the trained samples of each lag 0, 1, ...
             # ppo.vtrace: the run's fraction of the valid samples whose importance weight was truncated
             **({"vtrace_truncated": trainer.vtrace_truncated / max(trainer.vtrace_samples, 1)}
-               if trainer.config.ppo.vtrace else {}),
+               if trainer.config.uses_vtrace() else {}),
             "forward_passes": inf.forward_passes,
             "inference_batch_mean": inf.rows_inferred / inf.forward_passes if inf.forward_passes else None,
             "learner_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

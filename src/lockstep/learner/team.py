@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -47,7 +48,7 @@ from lockstep.learner.backends import InferenceStats, SnapshotBackend
 from lockstep.learner.inference import InferenceResult
 from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.rollout import Batch
-from lockstep.learner.trainer import OffPolicyError, Trainer, TrainStats
+from lockstep.learner.trainer import OffPolicyError, Trainer, TrainStats, add_counts
 from lockstep.sync import Strategy
 from lockstep.transport.messages import check_action_mask
 from lockstep.transport.protocol import INVALID_ARGUMENT, Refused
@@ -177,6 +178,11 @@ class Team:
         return max(self.trainers[name].lag_max for name in self.training)
 
     @property
+    def lag_counts(self) -> np.ndarray:
+        """The trained samples of each lag 0, 1, ..., over every policy that trains."""
+        return functools.reduce(add_counts, (self.trainers[name].lag_counts for name in self.training))
+
+    @property
     def vtrace_samples(self) -> int:
         """ppo.vtrace: the valid samples V-trace weighed, over every policy that trains ..."""
         return sum(self.trainers[name].vtrace_samples for name in self.training)
@@ -292,6 +298,7 @@ class Team:
             entropy_by_entry={f"{name}/{entry}": value for name in self.training
                               for entry, value in stats[name].entropy_by_entry.items()},
             policies=stats,
+            lag_counts=tuple(functools.reduce(add_counts, (np.asarray(s.lag_counts, np.int64) for s in lags)).tolist()),
             vtrace_truncated=float(np.average([s.vtrace_truncated for s in traced],
                                               weights=[max(s.samples, 1) for s in traced])) if traced else None,
         )

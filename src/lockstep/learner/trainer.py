@@ -52,6 +52,15 @@ class TrainStats:
     policies: dict[str, TrainStats] = field(default_factory=dict)  # several policies: each one's (``team``)
     skipped: bool = False  # no update: the batch held no valid sample (a policy whose agents had all left)
     vtrace_truncated: float | None = None  # ppo.vtrace: the fraction of the valid samples whose ratio ρ̄ truncated
+    lag_counts: tuple[int, ...] = ()  # the valid samples of each lag 0, 1, ... (the lag's distribution)
+
+
+def add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two histograms of lag (samples per lag 0, 1, ...) added, the shorter padded with zeros."""
+    total = np.zeros(max(len(a), len(b)), np.int64)
+    total[:len(a)] += a
+    total[:len(b)] += b
+    return total
 
 
 class RewardScaler:
@@ -147,6 +156,7 @@ class Trainer:
         self.max_lag = max_lag  # samples lagging more are an error; None: only counted
         self.lag_sum = 0  # over every trained sample, for the run's mean lag
         self.lag_max = 0
+        self.lag_counts = np.zeros(0, np.int64)  # the trained samples of each lag 0, 1, ..., run-long
         self.vtrace_samples = 0  # ppo.vtrace: the valid samples V-trace weighed, run-long ...
         self.vtrace_truncated = 0  # ... and those whose ratio ρ̄ truncated
         torch.manual_seed(config.run.seed)
@@ -240,7 +250,7 @@ class Trainer:
             def value_after(o: np.ndarray, t: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
                 return model.value_after(normalize(as_tensors(o, dev)), after[t, n])
 
-            if cfg.vtrace:
+            if self.config.uses_vtrace():
                 # π, the policy being trained, beside μ, the versions that acted (the stored log-probs): π's
                 # log-probs, and every V of the targets its critic's, the steps' and the bootstrapped ones alike.
                 # Where a sample is not valid, the batch's own numbers (a ratio of 1), which no valid sample's
@@ -343,10 +353,13 @@ class Trainer:
         self.samples_trained += size
         self.lag_sum += int(lag.sum())
         self.lag_max = max(self.lag_max, int(lag.max(initial=0)))
+        counts = np.bincount(lag[lag >= 0])  # (a stamp newer than the trainer's, possible only unbounded, is no lag)
+        self.lag_counts = add_counts(self.lag_counts, counts)
         return TrainStats(
             version=trained_version, samples=size, off_policy_samples=int(np.count_nonzero(lag)),
             policy_lag_mean=float(lag.mean()) if len(lag) else 0.0, policy_lag_max=int(lag.max(initial=0)),
             train_s=time.perf_counter() - start, lr=lr, update=update, entropy_by_entry=entropies or {},
+            lag_counts=tuple(counts.tolist()),
         )
 
     def skip(self) -> None:
@@ -368,6 +381,7 @@ class Trainer:
             "samples_trained": self.samples_trained,
             "lag_sum": self.lag_sum,
             "lag_max": self.lag_max,
+            "lag_counts": self.lag_counts.copy(),
             "vtrace_samples": self.vtrace_samples,
             "vtrace_truncated": self.vtrace_truncated,
             "torch_rng": torch.get_rng_state(),
@@ -389,6 +403,7 @@ class Trainer:
         self.version, self.iteration, self.env_steps = state["version"], state["iteration"], state["env_steps"]
         self.samples_trained = state.get("samples_trained", self.env_steps)
         self.lag_sum, self.lag_max = state["lag_sum"], state["lag_max"]
+        self.lag_counts = np.asarray(state.get("lag_counts", np.zeros(0)), np.int64)  # (older checkpoints: none)
         self.vtrace_samples = state.get("vtrace_samples", 0)  # (a checkpoint from before ppo.vtrace: none)
         self.vtrace_truncated = state.get("vtrace_truncated", 0)
         torch.set_rng_state(state["torch_rng"])

@@ -10,6 +10,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ COLUMNS = [
     "evicted_actors", "skipped_evaluations", "eval_return_mean", "eval_return_std", "eval_iteration", "eval_env_steps",
     "eval_win_rate_random", "eval_win_rate_oldest", "eval_oldest_version", "team_episodes", "team_return_mean",
     "eval_team_return_mean", "games", "games_decided_before_move", "vtrace_truncated",
+    "policy_lag_p50", "policy_lag_p90", "policy_lag_at_bound",
 ]
 # An evaluation while training's columns: empty except in the row written after it finished; its values
 # belong to the version of eval_iteration (eval_env_steps), TensorBoard's event for them is at that step.
@@ -177,6 +179,23 @@ def _mean(values) -> float:
     return float(np.mean(values)) if len(values) else math.nan
 
 
+def lag_distribution(counts: Sequence[int], bound: int | None) -> dict[str, float | int | None]:
+    """The lag's distribution over one batch's samples (``counts[k]``: the samples of lag k) as metrics.csv's
+    columns: its median and 90th percentile in versions, and the fraction of the samples at the strategy's bound
+    (how often the bound held an actor back, or nearly: None for strict, whose bound is 0, and an unbounded
+    design); TensorBoard gets the fraction of every lag too (``policy_lag/K``). None where nothing was trained."""
+    total = sum(counts)
+    if not total:
+        return {"policy_lag_p50": None, "policy_lag_p90": None, "policy_lag_at_bound": None}
+    cumulative = np.cumsum(counts)
+    return {
+        "policy_lag_p50": int(np.searchsorted(cumulative, 0.5 * total)),
+        "policy_lag_p90": int(np.searchsorted(cumulative, 0.9 * total)),
+        "policy_lag_at_bound": (counts[bound] / total if bound < len(counts) else 0.0) if bound else None,
+        **{f"policy_lag/{k}": n / total for k, n in enumerate(counts)},
+    }
+
+
 class MetricsWriter:
     """Writes one row per iteration to metrics.csv and TensorBoard.
 
@@ -215,7 +234,8 @@ class MetricsWriter:
         if self._tb is not None:
             # One event per row with every scalar in it (TensorBoard reads each value as its own tag's
             # point): a tenth of the cost of an event per scalar, and the row is on the training path.
-            per_part = [key for key in row if key.startswith("entropy/")]  # an action of several parts
+            # an action of several parts' entropies; the fraction of the samples of each lag
+            per_part = [key for key in row if key.startswith(("entropy/", "policy_lag/"))]
             self._scalars(row, [key for key in self.columns[3:] if key not in EVAL_COLUMNS] + per_part,
                           int(row["env_steps"]))
             if row.get("eval_env_steps") is not None:

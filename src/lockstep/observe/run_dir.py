@@ -27,7 +27,7 @@ Value = int | float | None
 INTEGER_COLUMNS = frozenset({
     "iteration", "policy_version", "env_steps", "episodes", "off_policy_samples", "policy_lag_max",
     "dropped_transitions", "actors", "wasted_forward_passes", "rejected_rpcs", "torn_reads", "stalls",
-    "torn_reads_used", "evicted_actors", "games", "games_decided_before_move",
+    "torn_reads_used", "evicted_actors", "games", "games_decided_before_move", "policy_lag_p50", "policy_lag_p90",
 })
 
 

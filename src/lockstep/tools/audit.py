@@ -59,6 +59,7 @@ class IterationAudit:
     off_version: int = 0  # samples whose stamp is not trained_by
     newer: int = 0  # samples stamped with a version after trained_by: no strategy can produce them
     over_lag: int = 0  # samples with trained_by - stamp > max_lag
+    lag_counts: list[int] = field(default_factory=list)  # samples of each lag 0, 1, ... (a newer stamp: none)
     differing: int = 0  # |recomputed - stored| > tolerance, or no policy file to recompute with
     mismatched: int = 0  # the part of ``differing`` that was recomputed: |recomputed - stored| > tolerance
     max_abs_diff: float = 0.0  # over the samples that could be recomputed
@@ -137,6 +138,15 @@ class AuditReport:
     @property
     def off_version(self) -> int:
         return sum(it.off_version for it in self.iterations)
+
+    @property
+    def lag_counts(self) -> list[int]:
+        """The samples of each lag 0, 1, ... over every iteration: the lag's distribution."""
+        total = [0] * max((len(it.lag_counts) for it in self.iterations), default=0)
+        for it in self.iterations:
+            for lag, n in enumerate(it.lag_counts):
+                total[lag] += n
+        return total
 
     @property
     def failed(self) -> bool:
@@ -270,6 +280,7 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
     lag = result.trained_by - stamps.astype(np.int64)
     result.off_version = int(np.count_nonzero(lag != 0))
     result.newer = int(np.count_nonzero(lag < 0))
+    result.lag_counts = np.bincount(lag[lag >= 0]).tolist()
     if result.max_lag is not None:
         result.over_lag = int(np.count_nonzero(lag > result.max_lag))
     for v in result.versions:
@@ -404,6 +415,14 @@ def _notes(it: IterationAudit) -> str:
     return "; ".join(notes)
 
 
+def _lag_text(counts: list[int]) -> str:
+    """The lag's distribution as a line: each lag's samples and share, and the mean."""
+    total = sum(counts)
+    shares = ", ".join(f"{lag}: {n} ({n / total:.1%})" for lag, n in enumerate(counts) if n)
+    mean = sum(lag * n for lag, n in enumerate(counts)) / total
+    return f"lag (versions: samples): {shares}; mean {mean:.3f}"
+
+
 def format_report(report: AuditReport) -> str:
     """The table of iterations (only those with findings, for long runs), a total and the verdict line."""
     header = ("iter", "trained_by", "strategy", "samples", "versions", "lag_max", "max_lag", "differing", "max|diff|",
@@ -427,6 +446,8 @@ def format_report(report: AuditReport) -> str:
         lines.append(f"... and {hidden} clean iteration(s) not shown")
     lines.append(f"{len(report.iterations)} iteration(s) checked, {report.samples} samples, "
                  f"{report.differing} differing, {report.off_version} not produced by the version that trained on them")
+    if report.off_version:
+        lines.append(_lag_text(report.lag_counts))
     if report.opponent_moves:
         lines.append(f"self-play: {report.opponent_moves} opponent moves were inference only: none is in any batch "
                      "(absent, not off-policy); every sample above is a learning player's move")

@@ -10,10 +10,14 @@ from pathlib import Path
 from lockstep import config as config_lib
 from lockstep.sync import NAMES, REFERENCE_DESIGNS
 from lockstep_bench.suites import SUITES
+from lockstep_bench.sync_learning import CHOICES as LEARNING_CONFIGS
+from lockstep_bench.sync_learning import WORKLOADS as LEARNING_WORKLOADS
 from lockstep_bench.throughput import CONFIGS as THROUGHPUT_CONFIGS
 
 
 def cmd_bench_sync(args: argparse.Namespace) -> int:
+    if args.learning:
+        return cmd_bench_sync_learning(args)
     from lockstep_bench import sync as bench_sync
 
     workload = (bench_sync.Workload.quick(args.adversarial) if args.quick
@@ -29,6 +33,26 @@ def cmd_bench_sync(args: argparse.Namespace) -> int:
     print((out / "sync.md").read_text())
     print(f"wrote {out / 'sync.md'} and {out / 'sync.json'}")
     return 0
+
+
+def cmd_bench_sync_learning(args: argparse.Namespace) -> int:
+    from lockstep_bench import sync_learning
+
+    if args.seeds is not None and args.seeds < 1:
+        raise config_lib.ConfigError(f"--seeds must be at least 1, got {args.seeds}")
+    options = sync_learning.LearningOptions(scale=0.05 if args.quick else 1.0)
+    options.workloads = args.workloads or options.workloads
+    options.configs = args.configs or options.configs
+    options.seeds = list(range(1, (args.seeds or len(options.seeds)) + 1))
+    out = Path(args.out)
+    parts = ["lockstep bench sync --learning", f"--out {out}", f"--seeds {len(options.seeds)}"]
+    parts += ["--workloads " + " ".join(args.workloads)] if args.workloads else []
+    parts += ["--configs " + " ".join(args.configs)] if args.configs else []
+    parts += ["--quick"] if args.quick else []
+    report = sync_learning.run(options, out, " ".join(parts))
+    print((out / "learning.md").read_text())
+    print(f"wrote {out / 'learning.md'} and {out / 'learning.json'}")
+    return 1 if any(r["error"] for r in report["runs"]) else 0
 
 
 def cmd_bench_throughput(args: argparse.Namespace) -> int:
@@ -236,6 +260,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--iterations", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--time-limit-s", type=float, help="per strategy")
+    p.add_argument("--learning", action="store_true",
+                   help="learning, not mechanics: strict, pipelined and async (lag 2 and 8, with and without V-trace) "
+                        "on several workloads and seeds, returns at equal steps and seconds (hours; docs/"
+                        "synchronization.md)")
+    p.add_argument("--workloads", nargs="+", choices=list(LEARNING_WORKLOADS), help="with --learning: a subset")
+    p.add_argument("--configs", nargs="+", choices=list(LEARNING_CONFIGS), help="with --learning: a subset")
+    p.add_argument("--seeds", type=int, help="with --learning: seeds 1..N (default 3)")
     p.set_defaults(func=cmd_bench_sync)
 
     p = bench_sub.add_parser("throughput", help="env steps/s of the distributed modes against an in-process baseline")

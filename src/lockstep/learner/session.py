@@ -562,10 +562,13 @@ class Session:
         # Held. The gate calls _release later, from whichever thread publishes; its call reaches the
         # loop after this coroutine has yielded, so the future exists by then.
         future = self._held = self._loop.create_future()
+        since = time.perf_counter() if sessions.clock.started else None
         try:
             admission = await future
         finally:
             self._held = None
+            if since is not None:
+                sessions.counters.actors_held_s += time.perf_counter() - since
         if admission is not None:
             sessions.releases.resumed(admission.version)
         return admission

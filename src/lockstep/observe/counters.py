@@ -27,6 +27,9 @@ class Counters:
     opponent_moves: int = 0  # self-play: moves the learner played for opponents (inference only, never trained)
     # self-play: games the opponents' moves decided before the learning player moved (no episode, no sample)
     games_decided_before_move: int = 0
+    # seconds the actors' requests waited on the gate once training had started, summed over actors: divided by
+    # (actors x wall_s), the share of the actors' time they were held (for training, the lag bound, a phase)
+    actors_held_s: float = 0.0
 
 
 # Counter columns of metrics.csv that hold an iteration's increase of a run total.

@@ -51,6 +51,21 @@ def test_basic_sends_rgb_frames_channels_first_at_128_by_72_and_presses_one_butt
     assert spec.observation.shape == (3, 72, 128) and spec.action.describe() == "Discrete(4)"
 
 
+def test_frames_are_shrunk_by_the_nearest_pixel_or_by_area_averaging():
+    full, nearest, area = (make_vizdoom("basic", width=160, height=120), make_vizdoom("basic"),
+                           make_vizdoom("basic", resize="area"))
+    try:
+        frame, small, averaged = (env.reset(seed=5)[0] for env in (full, nearest, area))
+        assert frame.shape == (3, 120, 160) and small.flags.c_contiguous and averaged.flags.c_contiguous
+        rows, cols = np.arange(72) * 120 // 72, np.arange(128) * 160 // 128  # OpenCV's INTER_NEAREST
+        np.testing.assert_array_equal(small, frame[:, rows][:, :, cols])
+        assert averaged.shape == (3, 72, 128) and not np.array_equal(averaged, small)
+        assert abs(float(averaged.mean()) - float(frame.mean())) < 1.0  # an average keeps the brightness
+    finally:
+        for env in (full, nearest, area):
+            env.close()
+
+
 def test_the_health_scenarios_observe_their_game_variables_beside_the_screen():
     env = make_vizdoom("health_gathering_supreme")
     try:
@@ -122,6 +137,7 @@ def test_a_scenario_file_of_the_users_own_and_its_timeout_truncates(tmp_path):
     ("vizdoom:basic", {"frameskip": 2}, "takes no frameskip.*frame_skip"),
     ("vizdoom:basic", {"width": 320}, "at most the screen_resolution, 160 x 120"),
     ("vizdoom:basic", {"screen_resolution": "RES_1X1"}, "not one of ViZDoom's ScreenResolution"),
+    ("vizdoom:basic", {"resize": "bilinear"}, "resize must be one of nearest, area"),
     ("vizdoom:basic", {"variables": True, "frame_skip": 0}, "frame_skip must be at least 1"),
     ("vizdoom:my_way_home", {"variables": True}, "has no available_game_variables"),
 ])

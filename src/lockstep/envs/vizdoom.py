@@ -6,8 +6,10 @@
   ``health_gathering_supreme``, ``defend_the_center``, ``deadly_corridor``, ``my_way_home``, ...), or the path of
   a scenario ``.cfg`` file of your own (``vizdoom:/path/to/my.cfg``; its ``doom_scenario_path`` is relative to it)
 - the game runs headless (no window, no sound, ``Mode.PLAYER``) and renders RGB at a low native resolution
-  (``screen_resolution``, 160 x 120), which is shrunk by area averaging in numpy to ``width`` x ``height`` (128 x 72,
-  Sample Factory's Doom input) and sent channels first: Box(0, 255, (3, height, width), uint8)
+  (``screen_resolution``, 160 x 120), which is shrunk in numpy to ``width`` x ``height`` (128 x 72, Sample
+  Factory's Doom input) and sent channels first: Box(0, 255, (3, height, width), uint8). ``resize``: ``nearest``
+  (the default, as Sample Factory resizes Doom frames: OpenCV's INTER_NEAREST, pixel ``floor(i * in / out)``) or
+  ``area`` (averaging, OpenCV's INTER_AREA, ``atari.AreaResize``: smoother, and a step costs about 3 times more)
 - each action is held for ``frame_skip`` tics (4) by ViZDoom itself (``make_action(buttons, tics)``), which
   returns the rewards of those tics summed
 - actions: Discrete(1 + buttons): 0 presses nothing, action i presses the scenario's i-th available button
@@ -22,7 +24,7 @@
 - ``reset(seed=...)`` seeds ViZDoom's random numbers (``DoomGame.set_seed``); a seeded env repeats its episodes
   under the same actions
 
-Settings come as the env's keyword arguments (``env.kwargs``): ``width``, ``height``, ``frame_skip``,
+Settings come as the env's keyword arguments (``env.kwargs``): ``width``, ``height``, ``resize``, ``frame_skip``,
 ``variables``, ``screen_resolution`` (a ViZDoom ``ScreenResolution`` such as ``RES_160X120``). Training and
 evaluation use the same env. The engine starts at the first ``reset``, so an env made only for its spaces
 (``envs.env_spec``) costs no game.
@@ -45,6 +47,7 @@ from lockstep.envs.atari import AreaResize
 SCENARIOS = ("basic", "simpler_basic", "rocket_basic", "defend_the_center", "defend_the_line", "health_gathering",
              "health_gathering_supreme", "deadly_corridor", "my_way_home", "predict_position", "take_cover")
 VARIABLES_BY_DEFAULT = ("health_gathering", "health_gathering_supreme")  # a Dict with the game variables by default
+RESIZES = ("nearest", "area")
 INSTALL = "pip install 'lockstep[vizdoom]' (in a checkout: pip install -e '.[vizdoom]')"
 
 
@@ -76,18 +79,34 @@ def scenario_config(scenario: str) -> str:
     return os.path.join(_vizdoom().scenarios_path, f"{scenario}.cfg")
 
 
+class NearestResize:
+    """Shrink frames [C, H, W] to [C, height, width] by taking pixel ``floor(i * H / height)`` of each row and
+    ``floor(j * W / width)`` of each column (OpenCV's INTER_NEAREST), one ``take`` of the flattened frame."""
+
+    def __init__(self, size_in: tuple[int, int], size_out: tuple[int, int]) -> None:
+        rows = np.arange(size_out[0]) * size_in[0] // size_out[0]
+        cols = np.arange(size_out[1]) * size_in[1] // size_out[1]
+        self.pixels = (rows[:, None] * size_in[1] + cols[None, :]).ravel()
+        self.size_out = size_out
+
+    def __call__(self, frame: np.ndarray) -> np.ndarray:
+        return frame.reshape(frame.shape[0], -1).take(self.pixels, axis=1).reshape(frame.shape[0], *self.size_out)
+
+
 class VizDoomEnv(gym.Env):
     """One ViZDoom game as a Gymnasium env (module docstring)."""
 
     metadata = {"render_modes": ["rgb_array"]}
 
-    def __init__(self, scenario: str, width: int = 128, height: int = 72, frame_skip: int = 4,
+    def __init__(self, scenario: str, width: int = 128, height: int = 72, resize: str = "nearest", frame_skip: int = 4,
                  variables: bool | None = None, screen_resolution: str = "RES_160X120",
                  render_mode: str | None = None) -> None:
         config = scenario_config(scenario)
         vizdoom = _vizdoom()
         if int(frame_skip) < 1:
             raise ValueError(f"vizdoom:{scenario}: frame_skip must be at least 1, got {frame_skip}")
+        if resize not in RESIZES:
+            raise ValueError(f"vizdoom:{scenario}: resize must be one of {', '.join(RESIZES)}, got {resize!r}")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"vizdoom:{scenario}: render_mode must be rgb_array or None, got {render_mode!r}")
         self.scenario, self.frame_skip, self.render_mode = scenario, int(frame_skip), render_mode
@@ -104,13 +123,13 @@ class VizDoomEnv(gym.Env):
             game.set_mode(vizdoom.Mode.PLAYER)
             game.set_screen_format(vizdoom.ScreenFormat.CRCGCB)  # [3, H, W]: channels first already
             game.set_screen_resolution(getattr(vizdoom.ScreenResolution, resolution))
-            self._set_spaces(vizdoom, game, int(width), int(height), variables)
+            self._set_spaces(vizdoom, game, (int(height), int(width)), resize, variables)
         except BaseException:
             game.close()
             raise
         self._frame: Any = None  # the last observation: an episode's last step repeats it
 
-    def _set_spaces(self, vizdoom, game, width: int, height: int, variables: bool | None) -> None:
+    def _set_spaces(self, vizdoom, game, size: tuple[int, int], resize: str, variables: bool | None) -> None:
         buttons = game.get_available_buttons()
         delta = [button.name for button in buttons if vizdoom.is_delta_button(button)]
         if delta:
@@ -123,11 +142,12 @@ class VizDoomEnv(gym.Env):
         self.buttons = [[0] * len(buttons)] + [[int(i == j) for j in range(len(buttons))] for i in range(len(buttons))]
         self.action_space = gym.spaces.Discrete(len(self.action_names))
         native = (game.get_screen_height(), game.get_screen_width())
-        if not (0 < height <= native[0] and 0 < width <= native[1]):
-            raise ValueError(f"vizdoom:{self.scenario}: width x height {width} x {height} must be at least 1 x 1 and "
-                             f"at most the screen_resolution, {native[1]} x {native[0]} (frames are only shrunk)")
-        self.resize = AreaResize(native, (height, width)) if (height, width) != native else None
-        screen = gym.spaces.Box(0, 255, (3, height, width), np.uint8)
+        if not (0 < size[0] <= native[0] and 0 < size[1] <= native[1]):
+            raise ValueError(f"vizdoom:{self.scenario}: width x height {size[1]} x {size[0]} must be at least 1 x 1 "
+                             f"and at most the screen_resolution, {native[1]} x {native[0]} (frames are only shrunk)")
+        shrink = NearestResize if resize == "nearest" else AreaResize
+        self.resize = shrink(native, size) if size != native else None
+        screen = gym.spaces.Box(0, 255, (3, *size), np.uint8)
         self.variable_names = tuple(variable.name for variable in game.get_available_game_variables())
         self.variables = self.scenario in VARIABLES_BY_DEFAULT if variables is None else bool(variables)
         if self.variables and not self.variable_names:
@@ -176,7 +196,7 @@ def make_vizdoom(scenario: str, training: bool = True, **kwargs) -> gym.Env:
     """The env of ``vizdoom:SCENARIO``: ``VizDoomEnv(scenario, **kwargs)`` (module docstring). ``training``
     changes nothing: VizDoom is trained and evaluated on the same env. An unknown keyword is a ValueError that
     names the settings."""
-    known = ("width", "height", "frame_skip", "variables", "screen_resolution", "render_mode")
+    known = ("width", "height", "resize", "frame_skip", "variables", "screen_resolution", "render_mode")
     unknown = sorted(set(kwargs) - set(known))
     if unknown:
         raise ValueError(f"vizdoom:{scenario} takes no {', '.join(unknown)} (env.kwargs); its settings are "

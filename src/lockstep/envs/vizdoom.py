@@ -66,7 +66,7 @@ def scenario_config(scenario: str) -> str:
         if not os.path.isfile(scenario):
             raise ValueError(f"VizDoom scenario file {scenario!r} (env id 'vizdoom:{scenario}') does not exist "
                              f"(from {os.getcwd()}): a scenario of your own is the path of its .cfg file, which "
-                             "every actor's host must have")
+                             "the learner's host and every actor's host must have")
         return os.path.abspath(scenario)
     if scenario not in SCENARIOS:
         close = difflib.get_close_matches(scenario, SCENARIOS, n=3, cutoff=0.5)

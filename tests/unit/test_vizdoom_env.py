@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -147,10 +148,13 @@ def test_bad_scenarios_and_settings_name_the_problem(env_id, kwargs, named):
             build()
 
 
-def test_delta_buttons_are_refused_with_what_to_list_instead(tmp_path):
+def test_delta_buttons_and_a_missing_map_file_are_refused_before_the_engine_starts(tmp_path):
     path = own_config(tmp_path, "available_buttons = { TURN_LEFT_RIGHT_DELTA ATTACK }")
     with pytest.raises(ValueError, match="delta buttons TURN_LEFT_RIGHT_DELTA take a number"):
         make_env(f"vizdoom:{path}")
+    (tmp_path / "mine.wad").unlink()
+    with pytest.raises(ValueError, match=r"doom_scenario_path .*mine\.wad does not exist"):
+        env_spec(f"vizdoom:{path}")
 
 
 def test_a_vector_env_steps_its_games_and_resets_them_in_the_same_step():
@@ -165,3 +169,9 @@ def test_a_vector_env_steps_its_games_and_resets_them_in_the_same_step():
         assert obs.shape == (2, 3, 72, 128) and "final_obs" in infos  # the next episodes' first frames
     finally:
         vec.close()
+
+
+def test_without_vizdoom_installed_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vizdoom", None)  # import vizdoom raises ImportError
+    with pytest.raises(ValueError, match=r"VizDoom env ids need ViZDoom: pip install 'lockstep\[vizdoom\]'"):
+        env_spec("vizdoom:basic")

@@ -118,6 +118,10 @@ class VizDoomEnv(gym.Env):
         self.game = game = vizdoom.DoomGame()
         try:
             game.load_config(config)
+            wad = game.get_doom_scenario_path()  # resolved against the .cfg's folder; ViZDoom would fail at init
+            if wad and not os.path.isfile(wad):
+                raise ValueError(f"vizdoom:{scenario}: the scenario's doom_scenario_path {wad} does not exist (a "
+                                 "relative one is taken from the .cfg file's folder)")
             game.set_window_visible(False)
             game.set_sound_enabled(False)
             game.set_mode(vizdoom.Mode.PLAYER)

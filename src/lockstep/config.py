@@ -68,8 +68,8 @@ class EnvConfig:
 
     id: str = setting("CartPole-v1", "env id: a Gymnasium id (CartPole-v1), module:EnvId (a package that registers "
                                      "EnvId when imported, e.g. ale_py:ALE/Pong-v5), atari:GAME, minatar:GAME, "
-                                     "minigrid:ENV, pettingzoo:MODULE, masked:ENV or package.module:callable (a "
-                                     "function that returns a gymnasium.Env)", flag="--env")
+                                     "minigrid:ENV, vizdoom:SCENARIO, pettingzoo:MODULE, masked:ENV or "
+                                     "package.module:callable (a function that returns a gymnasium.Env)", flag="--env")
     kwargs: dict[str, Any] = setting({}, "keyword arguments for the env's constructor (gym.make, a PettingZoo "
                                          "parallel_env, your callable), e.g. {N: 4, max_cycles: 50}; every actor "
                                          "builds its envs with them", flag="--env-kwargs")

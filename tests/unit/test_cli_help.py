@@ -44,7 +44,7 @@ def test_each_command_help_says_what_it_does_with_an_example(capsys, name):
 @pytest.mark.parametrize("name", ["train", "learner", "actor"])
 def test_env_help_names_the_id_schemes(capsys, name):
     text = " ".join(_help(capsys, name).split())
-    for scheme in ("atari:GAME", "minatar:GAME", "masked:ENV", "package.module:callable"):
+    for scheme in ("atari:GAME", "minatar:GAME", "vizdoom:SCENARIO", "masked:ENV", "package.module:callable"):
         assert scheme in text
 
 

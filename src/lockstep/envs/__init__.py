@@ -21,6 +21,10 @@ check). Schemes come first, then the other forms:
   ``pettingzoo:pettingzoo.classic.connect_four_v3``: self-play (``lockstep.envs.selfplay``), each slot one
   game seen from the learning player, the opponents' moves played by the learner's snapshots. Needs
   ``pip install -e '.[pettingzoo]'``.
+- ``vizdoom:SCENARIO``: a ViZDoom scenario (``lockstep.envs.vizdoom``), e.g. ``vizdoom:basic``, or a scenario
+  file of your own, ``vizdoom:/path/to/my.cfg``; observation Box(0, 255, (3, 72, 128), uint8) RGB (a Dict of
+  ``screen`` and the game variables ``vars`` for the health gathering scenarios), frame skip 4, Discrete actions
+  (no-op or one button); settings through ``env.kwargs``. Needs ``pip install -e '.[vizdoom]'``.
 - ``envpool:TASK``: an EnvPool Atari task as the actor's vector env, e.g. ``envpool:Breakout-v5``: the
   same spaces and preprocessing as ``atari:BreakoutNoFrameskip-v4``, stepped in C++ threads
   (``lockstep.envs.envpool``). Needs ``pip install -e '.[envpool]'``.
@@ -39,8 +43,8 @@ Images
 ------
 The observations of Gymnasium ids, factories and PettingZoo parallel envs pass through ``lockstep.envs.images``:
 channels-last image leaves (H, W, C) are transposed to [C, H, W] on the actor, as ``env.image_layout`` decides.
-The frames of ``atari:``, ``minatar:`` and ``envpool:`` are [C, H, W] already; a turn-based game's observations
-(``selfplay``) are taken as they are.
+The frames of ``atari:``, ``minatar:``, ``vizdoom:`` and ``envpool:`` are [C, H, W] already; a turn-based game's
+observations (``selfplay``) are taken as they are.
 
 Episode statistics
 ------------------
@@ -85,6 +89,7 @@ from lockstep.envs.spaces import to_records as to_records
 from lockstep.envs.spaces import with_action_mask as with_action_mask
 from lockstep.envs.vector import EnvProcessDied as EnvProcessDied
 from lockstep.envs.vector import SameStepAsyncVectorEnv, SameStepVectorEnv, env_process
+from lockstep.envs.vizdoom import make_vizdoom
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,7 @@ GYM_ERA = ("lockstep steps Gymnasium envs. Convert an env of the old gym API wit
 # scheme -> make(name, training=True, **kwargs): the env of the id "scheme:name"
 SCHEMES: dict[str, Callable[..., gym.Env]] = {
     "atari": make_atari, "minatar": make_minatar, "minigrid": make_minigrid, "masked": make_masked,
+    "vizdoom": make_vizdoom,
     # one env of an EnvPool task is its Gymnasium twin (same spaces, same preprocessing); vector envs are EnvPool's
     "envpool": lambda task, **kwargs: make_atari(envpool_backend.gymnasium_id(task).partition(":")[2], **kwargs),
     "pettingzoo": lambda name, training=True, **kwargs: (
@@ -202,7 +208,8 @@ def _check_image_layout(env_id: str, kwargs: dict[str, Any]) -> None:
 def reward_threshold(env_id: str) -> float | None:
     """The return at which ``env_id`` counts as solved: the ``reward_threshold`` of its Gymnasium
     registration (CartPole-v1: 475.0), or None for an id without one, an unregistered id and a
-    ``package.module:callable`` entry point. ``masked:ENV`` keeps ENV's; atari, minatar and minigrid ids have none."""
+    ``package.module:callable`` entry point. ``masked:ENV`` keeps ENV's; atari, minatar, minigrid and vizdoom ids
+    have none."""
     module_name, _, name = env_id.partition(":")
     if module_name == "masked":
         return reward_threshold(name)

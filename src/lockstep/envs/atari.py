@@ -176,25 +176,35 @@ def _taps(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return index, np.where(inside, np.take_along_axis(weights, index, axis=1), 0.0).astype(np.float32)
 
 
+class AreaResize:
+    """Shrink frames [..., H, W] of uint8 to [..., height, width] by area averaging (OpenCV's INTER_AREA), rounded
+    to the nearest integer: ``area_weights(H, height) @ frame @ area_weights(W, width).T`` on each of the leading
+    axes (an RGB frame's channels), summed over the 2 or 3 nonzero weights in each row rather than by a BLAS matrix
+    product, which in an actor busy with other envs costs a hundred times more (its threads wait for cores)."""
+
+    def __init__(self, size_in: tuple[int, int], size_out: tuple[int, int]) -> None:
+        self.row_index, self.row_weight = _taps(area_weights(size_in[0], size_out[0]))  # [height, k]
+        self.col_index, self.col_weight = _taps(area_weights(size_in[1], size_out[1]))  # [width, k]
+
+    def __call__(self, frame: np.ndarray) -> np.ndarray:
+        rows = np.einsum("...hkw,hk->...hw", frame[..., self.row_index, :], self.row_weight)  # [..., height, W]
+        out = np.einsum("...hwk,wk->...hw", rows[..., self.col_index], self.col_weight)  # [..., height, width]
+        return np.clip(np.rint(out), 0, 255).astype(np.uint8, order="C")  # einsum's own order is not C's
+
+
 class ResizeFrame(gym.ObservationWrapper):
-    """Shrink a 2-D uint8 frame to ``height`` x ``width`` by area averaging (OpenCV's INTER_AREA), rounded to
-    the nearest integer: ``area_weights(H, height) @ frame @ area_weights(W, width).T``, summed over the
-    2 or 3 nonzero weights in each row rather than by a BLAS matrix product, which in an actor busy with
-    other envs costs a hundred times more (its threads wait for cores)."""
+    """Shrink a 2-D uint8 frame to ``height`` x ``width`` by area averaging (``AreaResize``)."""
 
     def __init__(self, env: gym.Env, height: int = 84, width: int = 84) -> None:
         super().__init__(env)
         space = env.observation_space
         if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 2 and space.dtype == np.uint8):
             raise ValueError(f"ResizeFrame takes 2-D uint8 (greyscale) frames, got {space}")
-        self.row_index, self.row_weight = _taps(area_weights(space.shape[0], height))  # [height, k]
-        self.col_index, self.col_weight = _taps(area_weights(space.shape[1], width))  # [width, k]
+        self.resize = AreaResize(space.shape, (height, width))
         self.observation_space = gym.spaces.Box(0, 255, (height, width), np.uint8)
 
     def observation(self, frame: np.ndarray) -> np.ndarray:
-        rows = np.einsum("hkw,hk->hw", frame[self.row_index], self.row_weight)  # [height, W]
-        out = np.einsum("hwk,wk->hw", rows[:, self.col_index], self.col_weight)  # [height, width]
-        return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+        return self.resize(frame)
 
 
 class FrameStack(gym.Wrapper):

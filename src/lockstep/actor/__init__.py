@@ -2,15 +2,17 @@
 
 It imports no torch: Gymnasium, numpy and gRPC only, so it starts fast and stays small.
 It reaches the learner over gRPC (``host:port``) or, on the learner's host, over shared memory
-(``unix:/path``); its loop is the same for both (``send`` a step, ``receive`` its actions). With
-``actors.splits`` S its envs are S groups, each with a connection of its own, stepped in turn: one group's
-envs step while the learner infers the actions of the others (``_run``).
+(``unix:/path``); its loop is the same for both (``Connection.act``, ``LocalConnection.act``). With
+``actors.splits`` S its envs are S groups, each with a connection and a thread of its own: one group's envs
+step while the learner infers the actions of the others (``_act_side_by_side``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import queue
+import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -45,7 +47,7 @@ class ActorOptions:
     env_kwargs: dict = field(default_factory=dict)  # env.kwargs: for the env's constructor
     envs_per_actor: int = ActorsConfig.envs_per_actor  # envs; a multi-agent env's vector has a slot per agent
     vector: str = ActorsConfig.vector  # actors.vector: sync, or async (each env in a process of its own)
-    splits: int = ActorsConfig.splits  # actors.splits: groups of envs, each with its connection, stepped in turn
+    splits: int = ActorsConfig.splits  # actors.splits: groups of envs, each with its connection and thread
     actor_id: int = 0
     connect_timeout: float = 60.0  # for each connection attempt
     retry_for_s: float = 300.0  # keep reconnecting this long after the learner went away (0: never)
@@ -172,14 +174,12 @@ def run(opts: ActorOptions) -> int:
 
 
 def _run(opts: ActorOptions, vecs: list) -> int:
-    """The loop over the actor's groups (``actors.splits``), each with its envs and its connection: send each
-    group's step, then, group after group, receive its actions, step its envs and send their step. While the
-    actor steps one group, the steps of the others are at the learner, which infers their actions (or holds them
-    at the gate: every other group's step is sent before the actor waits for one, so a phase can always close).
+    """Connect each group of envs (``actors.splits``; one without splits) as its member and act until one of them
+    ends: training over, a refusal, a failure, a lost connection (``_act``, ``_act_side_by_side``).
 
-    The groups share one fate: an end (training over, a refusal, a failure) or a lost connection in one of them
-    ends every connection, and the actor reconnects them all, with one backoff: they reach the same learner,
-    and a learner lost to one of them is lost to all. The learner drops the unroll of each (``forget_outcome``)."""
+    The groups share one fate: what ends one ends every connection, and the actor reconnects them all, with one
+    backoff: they reach the same learner (over gRPC, one TCP connection), and a learner lost to one is lost to
+    all. The learner drops the unroll of each (``forget_outcome``)."""
     obs_spec = envs_lib.SpaceSpec.from_space(vecs[0].single_observation_space, opts.obs_keys)
     act_spec = envs_lib.action_spec(vecs[0].single_action_space)
     loops = [EnvLoop(vec, act_spec, obs_spec) for vec in vecs]
@@ -198,13 +198,10 @@ def _run(opts: ActorOptions, vecs: list) -> int:
                     loop.reset(envs_lib.env_seeds(conn.welcome.seed, member, loop.vec.num_envs))
                 else:
                     loop.forget_outcome()
-                conn.send(loop.outcome())
-            while True:
-                for loop, conn in zip(loops, conns):
-                    actions, _version = conn.receive()
-                    failures.clear()
-                    loop.step(actions)
-                    conn.send(loop.outcome())
+            if len(loops) == 1:
+                _act(loops[0], conns[0], failures)
+            else:
+                _act_side_by_side(loops, conns, opened, failures)
         except LearnerClosed:
             log.info("%s: the learner finished training", name)
             return 0
@@ -232,6 +229,42 @@ def _run(opts: ActorOptions, vecs: list) -> int:
                       f" (it had failed: {failures[-1]})" if failures else "")
             return 1
         log.info("%s: reconnecting to %s", name, opts.learner)
+
+
+def _act(loop: EnvLoop, conn: Connection | LocalConnection, failures: list[str]) -> None:
+    """Send the step of ``loop``'s envs, receive the actions, step: until the connection ends (it raises)."""
+    while True:
+        actions, _version = conn.act(loop.outcome())
+        failures.clear()
+        loop.step(actions)
+
+
+def _act_side_by_side(loops: list[EnvLoop], conns: list, opened: list, failures: list[str]) -> None:
+    """Each group's ``_act`` in a thread of its own: while one steps its envs, the learner infers the actions of
+    the others (a thread that waits for the learner, or for env processes, holds no GIL). Each group waits only
+    for the answer to its own step, as an actor of its own would, so the gate treats them as it treats actors
+    (a phase never waits for a step that a waiting group holds back). The first group to end (it raises) ends
+    the others: its exception is raised here once every thread has stopped."""
+    ended: queue.SimpleQueue = queue.SimpleQueue()
+
+    def act(loop: EnvLoop, conn: Connection | LocalConnection) -> None:
+        try:
+            _act(loop, conn, failures)
+        except BaseException as err:  # what ends it, ends the actor's connections: raised by the caller
+            ended.put(err)
+
+    threads = [threading.Thread(target=act, args=pair, name=f"lockstep-split-{g}", daemon=True)
+               for g, pair in enumerate(zip(loops, conns))]
+    for thread in threads:
+        thread.start()
+    try:
+        first = ended.get()
+    finally:
+        for conn in opened:  # the others' waits end with a ConnectionError; an env step in progress finishes
+            conn.interrupt()
+        for thread in threads:
+            thread.join()
+    raise first
 
 
 def _connect_group(opts: ActorOptions, member: int, loop: EnvLoop, obs_spec: envs_lib.SpaceSpec,

@@ -1,5 +1,4 @@
-"""The actor's end of the stream: a one-request-one-reply connection to the learner, whose request and reply
-may be apart (``send``, then ``receive``).
+"""The actor's end of the stream: a synchronous, one-request-one-reply connection to the learner.
 
 Also what every actor-side connection (this one, ``shm_client.LocalConnection``) has in common:
 ``act(step) -> (actions, version)`` and the exceptions it raises, so the actor's loop does not
@@ -63,8 +62,7 @@ def translate(err: grpc.RpcError) -> Exception:
 
 
 class Connection:
-    """One stream to the learner. ``step`` sends a Step and waits for its Action; ``send`` and ``receive`` are its
-    two halves, for an actor that does other work in between.
+    """One stream to the learner. ``step`` sends a Step and waits for its Action.
 
     ``token``: the learner's token, or a function that returns it, called once the learner listens
     (``security.local_token``: a learner on this host publishes a generated token when it starts)."""
@@ -91,7 +89,6 @@ class Connection:
         else:
             self._channel = grpc.insecure_channel(address, options=options)
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._sent: pb.ActorMessage | None = None  # the step last sent: sent again when the learner says retry
         self.retries = 0
         try:
             self._wait_ready(address, connect_timeout, tls_ca, tls_server_name)
@@ -166,43 +163,30 @@ class Connection:
         A "no action, retry" answer (reference synchronizations only) is retried here,
         with the same message, until actions come back; ``retries`` counts them.
         """
-        self._put(pb.ActorMessage(step=step))
-        return self._actions(action_dtype, action_shape)
-
-    def _put(self, message: pb.ActorMessage) -> None:
-        self._sent = message
-        self._outbox.put(message)
-
-    def _actions(self, action_dtype: np.dtype, action_shape: tuple) -> tuple[np.ndarray, int]:
-        """The answer to the step last put in the outbox (sending it again for each "retry")."""
+        message = pb.ActorMessage(step=step)
         while True:
+            self._outbox.put(message)
             reply = self._next()
             if reply.WhichOneof("kind") != "action":
                 raise ConnectionError(f"expected an action from the learner, got {reply.WhichOneof('kind')}")
             if not reply.action.retry:
                 break
             self.retries += 1
-            self._outbox.put(self._sent)
         actions = decode(reply.action.action, "action", action_dtype, (None, *action_shape))
         return actions, int(reply.action.policy_version)
 
     def act(self, step: StepData) -> tuple[np.ndarray, int]:
         """``step`` for the actor's loop, with the action space of the hello: raises ``LearnerClosed``,
         ``LearnerRefused`` or ``ConnectionError``."""
-        self.send(step)
-        return self.receive()
-
-    def send(self, step: StepData) -> None:
-        """The first half of ``act``: encode the step and hand it to the stream, without waiting for the answer
-        (the actor steps its other envs meanwhile, ``actors.splits``)."""
-        self._put(pb.ActorMessage(step=step_message(step)))
-
-    def receive(self) -> tuple[np.ndarray, int]:
-        """The second half of ``act``: wait for the answer to the step ``send`` sent."""
         try:
-            return self._actions(self._action_dtype, self._action_shape)
+            return self.step(step_message(step), self._action_dtype, self._action_shape)
         except grpc.RpcError as err:
             raise translate(err) from err
+
+    def interrupt(self) -> None:
+        """End the stream from another thread: a ``step`` or ``act`` waiting on it, or called later, raises
+        ``ConnectionError``; ``close`` still releases the channel."""
+        self._call.cancel()
 
     def close(self) -> None:
         self._outbox.put(_END)

@@ -1,10 +1,8 @@
-"""The actor's end of the same-host transport: a one-request-one-reply connection, whose request and reply may be
-apart (``send``, then ``receive``).
+"""The actor's end of the same-host transport: a synchronous, one-request-one-reply connection.
 
 ``LocalConnection(address, hello)`` connects to a learner's ``unix:/path`` address, says hello and
 maps the shared memory the learner sends with its welcome; ``act(step)`` writes one step into that
-memory, wakes the learner with a 12-byte frame and returns the actions the learner wrote back (``send`` and
-``receive`` are its two halves).
+memory, wakes the learner with a 12-byte frame and returns the actions the learner wrote back.
 The wire and who writes what when: ``shm_layout``. No torch; numpy and the standard library.
 
 It raises what the gRPC ``Connection.act`` raises: ``LearnerClosed`` when training is over,
@@ -34,7 +32,6 @@ class LocalConnection:
             raise ValueError(f"{address!r} is not a same-host address; expected {wire.SCHEME}/path/to/socket")
         self.address = address
         self.retries = 0
-        self._frame = b""  # the step frame last sent: sent again when the learner says retry
         self._k = int(hello.num_envs)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._region: wire.Region | None = None
@@ -103,13 +100,11 @@ class LocalConnection:
         return frame, fds
 
     def act(self, step: StepData) -> tuple[np.ndarray, int]:
-        """Send ``step`` (an ``EnvLoop.outcome()``); return the actions for it and the version that produced them."""
-        self.send(step)
-        return self.receive()
+        """Send ``step`` (an ``EnvLoop.outcome()``); return the actions for it and the version that produced them.
 
-    def send(self, step: StepData) -> None:
-        """The first half of ``act``: write ``step`` into the region and wake the learner, without waiting for the
-        answer (the actor steps its other envs meanwhile, ``actors.splits``)."""
+        A "no action, retry" reply (reference synchronizations only) is answered by sending the same
+        frame again: the step is still in the region. ``retries`` counts them.
+        """
         region = self._region
         m, e = len(step.final_index), len(step.episode_return)
         _put_observation("step.observation", region.leaves("obs"), step.obs)
@@ -123,27 +118,27 @@ class LocalConnection:
         _put_observation("step.final_observation", [view[:m] for view in region.leaves("final_obs")], step.final_obs)
         _put("step.episode_return", region.episode_return[:e], step.episode_return)
         _put("step.episode_length", region.episode_length[:e], step.episode_length)
-        self._frame = wire.STEP.pack(wire.STEP_KIND, m, e)
-        self._send(self._frame)
-
-    def receive(self) -> tuple[np.ndarray, int]:
-        """The second half of ``act``: wait for the answer to the step ``send`` wrote.
-
-        A "no action, retry" reply (reference synchronizations only) is answered by sending the same
-        frame again: the step is still in the region. ``retries`` counts them.
-        """
+        frame = wire.STEP.pack(wire.STEP_KIND, m, e)
         while True:
+            self._send(frame)
             reply, _ = self._recv()
             kind, version = wire.REPLY.unpack_from(reply)
             if kind == wire.ACTION:
-                return self._region.actions.copy(), version  # a copy: the region is the learner's again next step
+                return region.actions.copy(), version  # a copy: the region is the learner's again at the next step
             if kind == wire.RETRY:
                 self.retries += 1
-                self._send(self._frame)
                 continue
             if kind == wire.OVER:
                 raise LearnerClosed()
             raise ConnectionError(f"expected an action from the learner at {self.address}, got reply kind {kind}")
+
+    def interrupt(self) -> None:
+        """End the connection from another thread: an ``act`` waiting on it, or called later, raises
+        ``ConnectionError``. The shared memory stays mapped (an ``act`` may be writing into it) until ``close``."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed or never connected
+            pass
 
     def close(self) -> None:
         if self._region is not None:

@@ -126,9 +126,10 @@ class ActorsConfig:
                "process, for cheap envs). The learner serves gRPC and the unix socket either way; remote actors "
                "use gRPC", flag="--transport")
     splits: int = setting(
-        1, "groups an actor's envs are split into, each with a connection of its own (a member of the learner's "
-           "phases, as an actor is): the actor steps one group while the learner infers another's actions "
-           "(double buffering, as Sample Factory's worker_num_splits); actors.envs_per_actor must divide by it",
+        1, "groups an actor's envs are split into, each with a connection and a thread of its own, and to the learner "
+           "a member of its phases, as an actor is: one group steps its envs while the learner infers the others' "
+           "actions (double buffering, as Sample Factory's worker_num_splits); actors.envs_per_actor must divide "
+           "by it. The learner's first phase waits for (learner.min_actors or actors.count) x splits members",
         flag="--splits", ge=1, le=64)
     launcher: Launcher = setting(
         "local", "who starts `lockstep train`'s actors: local (processes on this host) or ray (Ray actors, placed "

@@ -8,6 +8,7 @@ their run directories: metrics.csv, the audit's batches and ``lockstep audit``'s
 from __future__ import annotations
 
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,8 @@ import pytest
 from conftest import lockstep_cmd
 from lockstep_bench import repro
 
-from lockstep.envs import env_seeds, make_vector_env
+from lockstep import actor
+from lockstep.envs import SpaceSpec, action_spec, env_seeds, make_vector_env
 from lockstep.observe.run_dir import RunDir
 from lockstep.tools import audit
 
@@ -78,3 +80,59 @@ def test_lockstep_actor_refuses_envs_that_do_not_divide_into_its_splits():
                              "--splits", "2"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode != 0
     assert "actors.splits 2" in result.stderr and "actors.envs_per_actor 3 does not divide" in result.stderr
+
+
+class CountingLoop(actor.EnvLoop):
+    """An env loop that sets ``reached`` at its ``mark``-th step and, given ``fail_after``, raises at that step
+    once ``fail_after`` is set, as a broken env does."""
+
+    def __init__(self, vec, mark: int, fail_after: threading.Event | None = None) -> None:
+        super().__init__(vec, action_spec(vec.single_action_space), SpaceSpec.from_space(vec.single_observation_space))
+        self.mark, self.fail_after, self.reached, self.steps = mark, fail_after, threading.Event(), 0
+
+    def step(self, actions) -> None:
+        self.steps += 1
+        if self.steps == self.mark:
+            self.reached.set()
+            if self.fail_after is not None:
+                assert self.fail_after.wait(timeout=30)
+                raise RuntimeError("the env broke")
+        super().step(actions)
+
+
+@pytest.mark.parametrize("transport", ["shm", "grpc"])
+def test_a_group_that_ends_ends_the_others_even_one_held_at_the_gate(running_learner, transport):
+    """Group 0's env breaks at its T-th step (once group 1 has stepped its T), before it sends the step that would
+    close the phase; group 1 then waits at the gate until group 0's connection ends, which only the actor can end
+    (it joins its threads before it closes any). It must stop both (the held wait interrupted) and raise group
+    0's error."""
+    running = running_learner({"ppo.steps_per_env": 4, "actors.splits": 2}, transport=transport)  # 2 members
+    opts = actor.ActorOptions(learner=running.address, env="CartPole-v1", envs_per_actor=4, splits=2)
+    held = CountingLoop(make_vector_env("CartPole-v1", 2), 4)
+    loops = [CountingLoop(make_vector_env("CartPole-v1", 2), 4, fail_after=held.reached), held]
+    opened: list = []
+    raised: list[BaseException] = []
+
+    def act() -> None:
+        try:
+            actor._act_side_by_side(loops, conns, opened, [])
+        except BaseException as err:
+            raised.append(err)
+
+    try:
+        conns = [actor._connect_group(opts, member, loop, loop.obs_spec, opened) for member, loop in enumerate(loops)]
+        for member, loop in enumerate(loops):
+            loop.reset(env_seeds(conns[0].welcome.seed, member, 2))
+        thread = threading.Thread(target=act, daemon=True)
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the held group was never interrupted"
+    finally:
+        for conn in opened:
+            conn.close()
+        for loop in loops:
+            loop.vec.close()
+    assert [str(err) for err in raised] == ["the env broke"]
+    # group 1 stepped its T steps and sent the step after them, held until the interrupt (the learner closes the
+    # phase without group 0 once it leaves, which may answer group 1 first)
+    assert loops[0].steps == 4 and held.steps >= 4

@@ -213,8 +213,8 @@ class LearnerConfig:
 
     listen: str = setting("127.0.0.1:0", "host:port the learner listens on; port 0 picks a free one",
                           flag="--listen")
-    min_actors: int = setting(0, "actors to wait for before the first phase (0: actors.count)", flag="--min-actors",
-                              ge=0)
+    min_actors: int = setting(0, "actors to wait for before the first phase (0: actors.count), each actors.splits "
+                                 "members", flag="--min-actors", ge=0)
     max_batch: int = setting(4096, "most env observations in one forward pass", ge=1)
     max_wait_ms: float = setting(2.0, "longest a request waits for others to share its forward pass", ge=0)
     device: str = setting("auto", "where the network runs: auto, cpu, cuda or cuda:N", flag="--device")

@@ -8,11 +8,12 @@ added there is drawn here too) over a few small envs:
 - the env: CartPole-v1 (Discrete actions), Pendulum-v1 (Box actions), or ``pettingzoo:lockstep.envs.kinds``
   (agents of two kinds, whose spaces differ) with a ``policies`` mapping (two or three policies, per-policy
   model keys, a frozen one) or without one (refused by design: the kinds cannot share one network);
-- the features: the transports (shm, grpc, inprocess), ``actors.vector`` sync or async, the synchronization
-  strategies (strict; pipelined and async with ``sync.max_lag`` and ``ppo.vtrace``; ``sync.phase_cutoff``),
-  observation and reward normalization, an LSTM (a critic of its own or not), the critic's input,
-  ``run.eval_every``, periodic checkpoints, the inference kernel; the sizes (actors, envs, T, iterations, epochs,
-  minibatches, hidden layers) drawn from small ranges, so that every run is a few tiny iterations;
+- the features: the transports (shm, grpc, inprocess), ``actors.vector`` sync or async, ``actors.splits`` 2 (actor
+  processes: the inprocess transport refuses it), the synchronization strategies (strict; pipelined and async with
+  ``sync.max_lag`` and ``ppo.vtrace``; ``sync.phase_cutoff``), observation and reward normalization, an LSTM (a
+  critic of its own or not), the critic's input, ``run.eval_every``, periodic checkpoints, the inference kernel;
+  the sizes (actors, envs, T, iterations, epochs, minibatches, hidden layers) drawn from small ranges, so that
+  every run is a few tiny iterations;
 - then up to three fields of any section set again: inside the declared range, on its edge, just outside it,
   NaN, a value of the wrong type or a choice that is none. A setting that declares no range is drawn only
   from values known to be sensible (``SENSIBLE``): whether others are valid is not declared, so not tested.
@@ -81,7 +82,7 @@ NOT_DRAWN = {("actors.launcher", "ray")}  # choices that need a Ray cluster
 # sensible for the fields that declare no range (their other values are not declared valid or invalid).
 SENSIBLE: dict[str, list[Any]] = {
     "env.clip_obs": [5.0, 10.0], "env.clip_reward": [1.0, 10.0],
-    "actors.count": [1, 2], "actors.envs_per_actor": [1, 2, 3], "actors.restarts": [0, 1, 10],
+    "actors.count": [1, 2], "actors.envs_per_actor": [1, 2, 3], "actors.splits": [1, 2], "actors.restarts": [0, 1, 10],
     "actors.ray_num_cpus": [0, 2], "actors.ray_cpus_per_actor": [0.5, 1.0],
     "ppo.steps_per_env": [2, 4, 8, 16], "ppo.lr": [1e-4, 2.5e-4, 1e-3], "ppo.gamma": [0.9, 0.99, 1.0],
     "ppo.gae_lambda": [0.0, 0.95, 1.0], "ppo.epochs": [1, 2], "ppo.minibatches": [1, 2, 4],
@@ -265,6 +266,9 @@ def cases(draw, perturb: int = 3) -> Case:
     if env_id != KINDS and draw(st.integers(0, 3)) == 0:  # async envs: in processes of their own (not inprocess)
         tree["actors"]["vector"] = "async"
         tree["actors"]["transport"] = draw(st.sampled_from(["shm", "shm", "grpc", "inprocess"]))
+    if tree["actors"]["transport"] != "inprocess" and draw(st.integers(0, 3)) == 0:  # double-buffered actors
+        tree["actors"]["splits"] = 2
+        tree["actors"]["envs_per_actor"] = draw(st.sampled_from([2, 4]))
     agents = 1
     if env_id == KINDS:
         agents = 3

@@ -195,10 +195,14 @@ def actor_options(args: argparse.Namespace) -> ActorOptions:
             raise config_lib.ConfigError(f"--policies maps policy names to agent patterns, got {args.policies!r}")
         config.policies = config_lib.from_dict(
             {"policies": {name: {"agents": agents} for name, agents in patterns.items()}}).policies
+    problem = config_lib.splits_problem(config.actors.envs_per_actor, config.actors.splits)
+    if problem:
+        raise config_lib.ConfigError(problem)
     return ActorOptions(learner=args.learner, env=config.env.id, obs_keys=tuple(config.env.obs_keys),
                         env_kwargs=config.vector_kwargs(),
                         envs_per_actor=config.actors.envs_per_actor, vector=config.actors.vector,
-                        actor_id=args.actor_id, connect_timeout=args.connect_timeout, retry_for_s=args.retry_for,
+                        splits=config.actors.splits, actor_id=args.actor_id, connect_timeout=args.connect_timeout,
+                        retry_for_s=args.retry_for,
                         token=security.token_from(args.token), tls_ca=args.tls_ca,
                         tls_server_name=args.tls_server_name)
 
@@ -219,6 +223,7 @@ ACTOR_SETTINGS = {"env.id": ("--env",), "env.obs_keys": ("--obs-keys",), "env.kw
                   "env.agent_id": ("--agent-id",), "env.action_mask_key": ("--action-mask-key",),
                   "env.image_layout": ("--image-layout",),
                   "actors.envs_per_actor": ("--envs-per-actor", "--num-envs"), "actors.vector": ("--vector",),
+                  "actors.splits": ("--splits",),
                   "model.critic_input": ("--critic-input",)}  # global: the slots carry the env's state
 
 
@@ -390,7 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", metavar="YAML",
                    help="a run of several policies: each one's agent patterns, as the learner's policies section "
                         "maps them, e.g. '{predator: [adversary_*], prey: [agent_*]}'")
-    p.add_argument("--actor-id", type=int, default=0, help="distinct id per actor (seeds its envs and action noise)")
+    p.add_argument("--actor-id", type=int, default=0,
+                   help="distinct id per actor (seeds its envs and action noise); with --splits S the learner sees "
+                        "it as members ID*S .. ID*S+S-1: give every actor the same S")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for each connection")
     p.add_argument("--retry-for", type=float, default=300.0,
                    help="seconds to keep reconnecting (exponential backoff with jitter) after losing the learner")

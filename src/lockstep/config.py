@@ -125,6 +125,12 @@ class ActorsConfig:
                "unix socket), grpc (actor processes over loopback) or inprocess (env loops as tasks in the learner "
                "process, for cheap envs). The learner serves gRPC and the unix socket either way; remote actors "
                "use gRPC", flag="--transport")
+    splits: int = setting(
+        1, "groups an actor's envs are split into, each with a connection and a thread of its own, and to the learner "
+           "a member of its phases, as an actor is: one group steps its envs while the learner infers the others' "
+           "actions (double buffering, as Sample Factory's worker_num_splits); actors.envs_per_actor must divide "
+           "by it. The learner's first phase waits for (learner.min_actors or actors.count) x splits members",
+        flag="--splits", ge=1, le=64)
     launcher: Launcher = setting(
         "local", "who starts `lockstep train`'s actors: local (processes on this host) or ray (Ray actors, placed "
                  "and restarted by Ray, always over gRPC; pip install -e '.[ray]', docs/cluster-and-security.md)",
@@ -208,8 +214,8 @@ class LearnerConfig:
 
     listen: str = setting("127.0.0.1:0", "host:port the learner listens on; port 0 picks a free one",
                           flag="--listen")
-    min_actors: int = setting(0, "actors to wait for before the first phase (0: actors.count)", flag="--min-actors",
-                              ge=0)
+    min_actors: int = setting(0, "actors to wait for before the first phase (0: actors.count), each actors.splits "
+                                 "members", flag="--min-actors", ge=0)
     max_batch: int = setting(4096, "most env observations in one forward pass", ge=1)
     max_wait_ms: float = setting(2.0, "longest a request waits for others to share its forward pass", ge=0)
     device: str = setting("auto", "where the network runs: auto, cpu, cuda or cuda:N", flag="--device")
@@ -427,7 +433,8 @@ class Config:
 
     @property
     def min_actors(self) -> int:
-        return self.learner.min_actors or self.actors.count
+        """The members the first phase waits for: each actor is ``actors.splits`` of them."""
+        return (self.learner.min_actors or self.actors.count) * self.actors.splits
 
     def return_thresholds(self) -> list[float]:
         """The returns whose first crossing a run records: ``run.thresholds``, or, when none are given,
@@ -462,6 +469,12 @@ class Config:
             (self.actors.vector == "sync" or self.env.id.partition(":")[0] not in ("envpool", "pettingzoo"),
              f"actors.vector async steps Gymnasium envs in processes of their own; {self.env.id} has a vector env "
              "of its own: leave actors.vector at sync"),
+            (splits_problem(self.actors.envs_per_actor, self.actors.splits) is None,
+             splits_problem(self.actors.envs_per_actor, self.actors.splits)),
+            (self.actors.splits == 1 or self.actors.transport != "inprocess" or self.actors.launcher == "ray",
+             "actors.splits > 1 overlaps an actor's env steps with the learner's inference over connections of "
+             "their own; the inprocess transport steps envs on the learner's event loop, which has nothing to "
+             "overlap them with: use actors.transport shm (or set actors.splits to 1)"),
             (not self.model.critic_lstm or self.model.lstm_size > 0,
              "model.critic_lstm gives the critic its own LSTM: it needs model.lstm_size > 0"),
             (not self._global_critic() or _parallel_multiagent(self.env.id),
@@ -524,6 +537,14 @@ class Config:
         if not any(policy.train for policy in self.policies.values()):
             raise ConfigError("policies: every policy is frozen (train: false), so nothing would train; let one "
                               "train")
+
+
+def splits_problem(envs_per_actor: int, splits: int) -> str | None:
+    """Why an actor of ``envs_per_actor`` envs cannot run ``splits`` groups of them (None: it can)."""
+    if envs_per_actor % splits == 0:
+        return None
+    return (f"actors.splits {splits} splits an actor's envs into groups of equal size, but actors.envs_per_actor "
+            f"{envs_per_actor} does not divide by it: make actors.envs_per_actor a multiple of {splits}")
 
 
 def _parallel_multiagent(env_id: str) -> bool:

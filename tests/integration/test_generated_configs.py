@@ -83,6 +83,8 @@ def test_learner_min_actors_above_the_actors_train_starts_is_refused_at_start(tm
 @pytest.mark.parametrize("setting, value, actors, refusal", [
     ("learner.max_envs_per_actor", "1", "1", "the learner would refuse the actors lockstep train starts: "
                                              "hello.num_envs: 2 envs, over the limit of 1 per actor"),
+    ("learner.max_connections", "3", "2 --splits 2", "learner.max_connections is 3, but the 2 actor(s) lockstep "
+                                                     "train starts hold 4 connection(s)"),
     ("learner.max_space_elements", "1", "1", "the learner would refuse the actors lockstep train starts: "
                                              "hello.observation_space: 4 elements"),
     ("learner.max_id_length", "8", "1", "the learner would refuse the actors lockstep train starts: "
@@ -94,11 +96,13 @@ def test_learner_min_actors_above_the_actors_train_starts_is_refused_at_start(tm
 ])
 def test_learner_limits_that_refuse_the_actors_train_starts_are_refused_at_start(setting, value, actors, refusal,
                                                                                  tmp_path, capsys):
-    """Limits within their ranges that lockstep train's own actors break (the hello of each, or their number):
+    """Limits within their ranges that lockstep train's own actors break (the hello of each, or the connections
+    they hold, one per split of each):
     refused by name before anything starts, not a run whose actors are refused and that then fails or waits
     for them forever."""
-    code = cli.main(["train", "--env", "CartPole-v1", "--transport", "shm", "--actors", actors, "--envs-per-actor",
-                     "2", "--no-progress", "--run-dir", str(tmp_path / "run"), "--set", f"{setting}={value}"])
+    code = cli.main(["train", "--env", "CartPole-v1", "--transport", "shm", "--actors", *actors.split(),
+                     "--envs-per-actor", "2", "--no-progress", "--run-dir", str(tmp_path / "run"),
+                     "--set", f"{setting}={value}"])
     assert code == 2
     err = capsys.readouterr().err
     assert f"config error: {refusal}" in err and setting in err

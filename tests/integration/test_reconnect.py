@@ -74,18 +74,22 @@ class CuttingProxy:
 STRICT = {"ppo.steps_per_env": 16, "learner.min_actors": 1}  # the learner these tests reach over real gRPC
 
 
-def test_actor_that_reconnects_before_the_learner_noticed_replaces_its_old_session(running_learner):
-    running = running_learner({**STRICT, "ppo.total_steps": 2 * 16 * 40})
+def _train_through_a_cut(running_learner, envs: int, *flags: str, **overrides) -> tuple[str, int, list[int]]:
+    """A real actor of ``envs`` envs trains through the proxy, which cuts it once the learner has trained 3
+    iterations; the run must end as if nothing happened. The actor's output, the proxy's connections and the
+    members the learner saw before the cut."""
+    running = running_learner({**STRICT, "ppo.total_steps": envs * 16 * 30, **overrides})
     learner = running.learner
     proxy = CuttingProxy(running.port)
-    actor = subprocess.Popen([*lockstep_cmd(), "actor", "--learner", f"127.0.0.1:{proxy.port}", "--num-envs", "2",
-                              "--actor-id", "0", "--retry-for", "30"],
+    actor = subprocess.Popen([*lockstep_cmd(), "actor", "--learner", f"127.0.0.1:{proxy.port}", "--num-envs",
+                              str(envs), "--actor-id", "0", "--retry-for", "30", *flags],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
         while learner.trainer.iteration < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert learner.trainer.iteration >= 3
+        members = sorted(learner.sessions.actor_ids)
         proxy.cut()
         out, _ = actor.communicate(timeout=120)
         running.wait_finished(timeout=60)
@@ -93,12 +97,25 @@ def test_actor_that_reconnects_before_the_learner_noticed_replaces_its_old_sessi
         actor.kill()
         proxy.close()
     assert actor.returncode == 0, out
-    assert proxy.connections >= 2 and "reconnecting" in out
     assert learner.error is None
-    assert learner.trainer.env_steps >= 2 * 16 * 40
+    assert learner.trainer.env_steps >= envs * 16 * 30
     counters = learner.report.counters
     assert counters.off_policy_samples == 0
     assert counters.transitions_collected == learner.trainer.env_steps + counters.dropped_transitions
+    return out, proxy.connections, members
+
+
+def test_actor_that_reconnects_before_the_learner_noticed_replaces_its_old_session(running_learner):
+    out, connections, _ = _train_through_a_cut(running_learner, 2)
+    assert connections >= 2 and "reconnecting" in out
+
+
+def test_an_actor_of_two_splits_reconnects_both_groups_and_trains_on(running_learner):
+    """Its groups' streams share one TCP connection to the learner (gRPC's channels to one address do), which the
+    proxy cuts: both groups say hello again as their members, with new run ids, and replace their old sessions."""
+    out, connections, members = _train_through_a_cut(running_learner, 4, "--splits", "2", **{"learner.min_actors": 2})
+    assert members == [0, 1]
+    assert connections >= 2 and out.count("reconnecting") == 1 and "actor 0 (members 0, 1)" in out
 
 
 def test_the_replaced_connection_is_refused_by_name_and_its_unroll_dropped(running_learner):

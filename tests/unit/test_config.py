@@ -648,3 +648,33 @@ def test_env_kwargs_are_a_mapping_from_yaml_or_a_flag():
     assert Config().env.kwargs == {}  # each config its own mapping
     with pytest.raises(config_lib.ConfigError, match="env.kwargs: cannot use .*expected a mapping of keyword names"):
         config_lib.set_value(config, "env.kwargs", "[1, 2]")
+
+
+# --- actors.splits --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"actors.envs_per_actor": 3, "actors.splits": 2},
+     r"actors\.splits 2 .* actors\.envs_per_actor 3 does not divide by it: make actors\.envs_per_actor a multiple "
+     r"of 2"),
+    ({"actors.transport": "inprocess", "actors.splits": 2}, r"actors\.splits > 1 .* use actors\.transport shm"),
+    ({"actors.splits": 0}, r"actors\.splits must be >= 1 and <= 64, got 0"),
+    ({"actors.splits": 65}, r"actors\.splits must be >= 1 and <= 64, got 65"),
+])
+def test_splits_that_cannot_work_are_refused_by_name(settings, message):
+    c = Config()
+    c.actors.envs_per_actor = 4
+    with pytest.raises(ConfigError, match=message):
+        for dotted, value in settings.items():
+            set_value(c, dotted, value)
+        c.validate()
+
+
+def test_each_split_of_an_actor_is_a_member_the_first_phase_waits_for():
+    c = Config()
+    c.actors.count, c.actors.envs_per_actor, c.actors.splits = 3, 4, 2
+    assert c.min_actors == 6 and c.batch_size == 3 * 4 * c.ppo.steps_per_env
+    c.learner.min_actors = 1
+    assert c.min_actors == 2
+    c.actors.launcher, c.actors.transport = "ray", "inprocess"  # Ray actors always reach the learner over gRPC
+    c.validate()

@@ -32,6 +32,23 @@ def test_the_evaluation_seed_is_reproducible_and_none_of_the_actors_env_seeds(se
     assert chosen != evaluation.eval_seed(_config(seed + 1, actors, envs))
 
 
+def test_the_evaluation_seed_is_none_of_the_seeds_of_an_actors_splits(monkeypatch):
+    config = _config(3, 1, 4)
+    config.actors.splits = 2  # members 0 and 1, of 2 envs each
+    taken = lockstep.envs.env_seeds(3, 1, 2)[1]  # the second env of member 1: no env of 1 x 4 without splits
+    assert taken not in lockstep.envs.env_seeds(3, 0, 4)
+    real = np.random.SeedSequence
+
+    class FirstDrawTaken(real):  # the evaluation's draw is that seed first, then the next one
+        def generate_state(self, n_words, dtype=np.uint32):
+            if self.spawn_key != (evaluation.EVAL_KEY,):
+                return super().generate_state(n_words, dtype)
+            return np.array([taken, taken + 1] + [0] * (n_words - 2), dtype)
+
+    monkeypatch.setattr(np.random, "SeedSequence", FirstDrawTaken)
+    assert evaluation.eval_seed(config) == taken + 1
+
+
 def test_an_evaluation_seed_that_an_actor_has_is_passed_over(monkeypatch):
     config = _config(3, 2, 2)
     first = evaluation.eval_seed(config)

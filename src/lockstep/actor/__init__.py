@@ -2,13 +2,17 @@
 
 It imports no torch: Gymnasium, numpy and gRPC only, so it starts fast and stays small.
 It reaches the learner over gRPC (``host:port``) or, on the learner's host, over shared memory
-(``unix:/path``); its loop is the same for both (``Connection.act``, ``LocalConnection.act``).
+(``unix:/path``); its loop is the same for both (``Connection.act``, ``LocalConnection.act``). With
+``actors.splits`` S its envs are S groups, each with a connection and a thread of its own: one group's envs
+step while the learner infers the actions of the others (``_act_side_by_side``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import queue
+import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -16,7 +20,7 @@ import numpy as np
 
 from lockstep import envs as envs_lib
 from lockstep.common.backoff import Backoff
-from lockstep.config import ActorsConfig, EnvConfig
+from lockstep.config import ActorsConfig, EnvConfig, splits_problem
 from lockstep.transport import PROTOCOL
 from lockstep.transport import lockstep_pb2 as pb
 from lockstep.transport.grpc import security
@@ -43,6 +47,7 @@ class ActorOptions:
     env_kwargs: dict = field(default_factory=dict)  # env.kwargs: for the env's constructor
     envs_per_actor: int = ActorsConfig.envs_per_actor  # envs; a multi-agent env's vector has a slot per agent
     vector: str = ActorsConfig.vector  # actors.vector: sync, or async (each env in a process of its own)
+    splits: int = ActorsConfig.splits  # actors.splits: groups of envs, each with its connection and thread
     actor_id: int = 0
     connect_timeout: float = 60.0  # for each connection attempt
     retry_for_s: float = 300.0  # keep reconnecting this long after the learner went away (0: never)
@@ -137,52 +142,66 @@ def opponent_request(obs, waiting: np.ndarray, obs_spec: envs_lib.SpaceSpec,
                     np.zeros(0, np.int64), records[:0], np.asarray(returns, np.float64), np.asarray(plies, np.int64))
 
 
+def member_id(actor_id: int, splits: int, group: int) -> int:
+    """The id by which the learner knows group ``group`` of actor ``actor_id`` (``actors.splits`` groups): its
+    member of the phases, which seeds the group's envs and action noise. An actor of S groups of k envs is, to
+    the learner, S actors of k envs with ids ``actor_id * S`` .. ``actor_id * S + S - 1``; with one group, itself."""
+    return actor_id * splits + group
+
+
 def run(opts: ActorOptions) -> int:
     """Connect, act until the learner finishes training, reconnecting if it goes away. Returns an exit code:
     0 training finished, 1 no learner (any more), 2 the learner refused this actor or the actor's connection
     settings cannot work with it (one log line names the cause and the flag that fixes it), 3 the learner
     failed ``LEARNER_FAILURES`` times without an action in between (the log line names its error), 4
     (``ENV_DIED``) a process of one of its envs died (the log line names the env)."""
-    vec = envs_lib.make_vector_env(opts.env, opts.envs_per_actor, opts.env_kwargs, opts.vector)
+    problem = splits_problem(opts.envs_per_actor, opts.splits)
+    if problem:
+        log.error("actor %d: %s", opts.actor_id, problem)
+        return 2
+    vecs = []
     try:
-        return _run(opts, vec)
+        for _ in range(opts.splits):
+            vecs.append(envs_lib.make_vector_env(opts.env, opts.envs_per_actor // opts.splits, opts.env_kwargs,
+                                                 opts.vector))
+        return _run(opts, vecs)
     except envs_lib.EnvProcessDied as err:
         log.error("actor %d: %s; exiting", opts.actor_id, err)
         return ENV_DIED
     finally:
-        vec.close()
+        for vec in vecs:
+            vec.close()
 
 
-def _run(opts: ActorOptions, vec) -> int:
-    obs_spec = envs_lib.SpaceSpec.from_space(vec.single_observation_space, opts.obs_keys)
-    act_spec = envs_lib.action_spec(vec.single_action_space)
-    loop = EnvLoop(vec, act_spec, obs_spec)
+def _run(opts: ActorOptions, vecs: list) -> int:
+    """Connect each group of envs (``actors.splits``; one without splits) as its member and act until one of them
+    ends: training over, a refusal, a failure, a lost connection (``_act``, ``_act_side_by_side``).
+
+    The groups share one fate: what ends one ends every connection, and the actor reconnects them all, with one
+    backoff: they reach the same learner (over gRPC, one TCP connection), and a learner lost to one is lost to
+    all. The learner drops the unroll of each (``forget_outcome``)."""
+    obs_spec = envs_lib.SpaceSpec.from_space(vecs[0].single_observation_space, opts.obs_keys)
+    act_spec = envs_lib.action_spec(vecs[0].single_action_space)
+    loops = [EnvLoop(vec, act_spec, obs_spec) for vec in vecs]
+    members = [member_id(opts.actor_id, opts.splits, g) for g in range(opts.splits)]
     backoff = Backoff(base_s=0.5, cap_s=10.0, budget_s=opts.retry_for_s)
-    name = f"actor {opts.actor_id}"
-    selfplay = isinstance(vec, envs_lib.selfplay.SelfPlayVectorEnv)  # a second connection plays the opponents
+    name = f"actor {opts.actor_id}" + (f" (members {', '.join(map(str, members))})" if opts.splits > 1 else "")
     failures: list[str] = []  # what the learner said each time it failed since its last action
     while True:
-        hello = pb.Hello(protocol=PROTOCOL, actor_id=opts.actor_id, run_id=uuid.uuid4().hex,
-                         num_envs=vec.num_envs, env_id=opts.env, observation_space=space_to_proto(obs_spec),
-                         action_space=space_to_proto(act_spec),
-                         agent_policies=envs_lib.pettingzoo.agent_policies(vec))
-        conn = opponents = None
+        opened: list[Connection | LocalConnection] = []  # every connection open, the opponents' too
         try:
-            conn = _connect(opts, hello)
-            log.info("%s: connected to %s (learner run %s)", name, opts.learner, conn.welcome.learner_run)
-            if selfplay:
-                hello.run_id, hello.role = uuid.uuid4().hex, OPPONENT
-                opponents = _connect(opts, hello)
-                vec.opponent = functools.partial(_opponent_moves, opponents, obs_spec, vec)
+            conns = [_connect_group(opts, member, loop, obs_spec, opened) for member, loop in zip(members, loops)]
+            log.info("%s: connected to %s (learner run %s)", name, opts.learner, conns[0].welcome.learner_run)
             backoff.reset()
-            if loop.obs is None:
-                loop.reset(envs_lib.env_seeds(conn.welcome.seed, opts.actor_id, vec.num_envs))
+            for member, loop, conn in zip(members, loops, conns):
+                if loop.obs is None:
+                    loop.reset(envs_lib.env_seeds(conn.welcome.seed, member, loop.vec.num_envs))
+                else:
+                    loop.forget_outcome()
+            if len(loops) == 1:
+                _act(loops[0], conns[0], failures)
             else:
-                loop.forget_outcome()
-            while True:
-                actions, _version = conn.act(loop.outcome())
-                failures.clear()
-                loop.step(actions)
+                _act_side_by_side(loops, conns, opened, failures)
         except LearnerClosed:
             log.info("%s: the learner finished training", name)
             return 0
@@ -203,14 +222,67 @@ def _run(opts: ActorOptions, vec) -> int:
         except ConnectionError as err:  # also what a transport makes of a lost learner
             log.warning("%s: %s", name, err)
         finally:
-            for c in (opponents, conn):
-                if c is not None:
-                    c.close()
+            for c in reversed(opened):
+                c.close()
         if not backoff.wait():
             log.error("%s: no learner at %s for %.0f s; giving up%s", name, opts.learner, opts.retry_for_s,
                       f" (it had failed: {failures[-1]})" if failures else "")
             return 1
         log.info("%s: reconnecting to %s", name, opts.learner)
+
+
+def _act(loop: EnvLoop, conn: Connection | LocalConnection, failures: list[str]) -> None:
+    """Send the step of ``loop``'s envs, receive the actions, step: until the connection ends (it raises)."""
+    while True:
+        actions, _version = conn.act(loop.outcome())
+        failures.clear()
+        loop.step(actions)
+
+
+def _act_side_by_side(loops: list[EnvLoop], conns: list, opened: list, failures: list[str]) -> None:
+    """Each group's ``_act`` in a thread of its own: while one steps its envs, the learner infers the actions of
+    the others (a thread that waits for the learner, or for env processes, holds no GIL). Each group waits only
+    for the answer to its own step, as an actor of its own would, so the gate treats them as it treats actors
+    (a phase never waits for a step that a waiting group holds back). The first group to end (it raises) ends
+    the others: its exception is raised here once every thread has stopped."""
+    ended: queue.SimpleQueue = queue.SimpleQueue()
+
+    def act(loop: EnvLoop, conn: Connection | LocalConnection) -> None:
+        try:
+            _act(loop, conn, failures)
+        except BaseException as err:  # what ends it, ends the actor's connections: raised by the caller
+            ended.put(err)
+
+    threads = [threading.Thread(target=act, args=pair, name=f"lockstep-split-{g}", daemon=True)
+               for g, pair in enumerate(zip(loops, conns))]
+    for thread in threads:
+        thread.start()
+    try:
+        first = ended.get()
+    finally:
+        for conn in opened:  # the others' waits end with a ConnectionError; an env step in progress finishes
+            conn.interrupt()
+        for thread in threads:
+            thread.join()
+    raise first
+
+
+def _connect_group(opts: ActorOptions, member: int, loop: EnvLoop, obs_spec: envs_lib.SpaceSpec,
+                   opened: list) -> Connection | LocalConnection:
+    """Say hello for one group of envs as ``member``, with a new run id; a self-play group also opens its
+    opponents' connection. Each connection is appended to ``opened`` as it opens (the caller closes them)."""
+    vec = loop.vec
+    hello = pb.Hello(protocol=PROTOCOL, actor_id=member, run_id=uuid.uuid4().hex, num_envs=vec.num_envs,
+                     env_id=opts.env, observation_space=space_to_proto(obs_spec),
+                     action_space=space_to_proto(loop.act_spec), agent_policies=envs_lib.pettingzoo.agent_policies(vec))
+    conn = _connect(opts, hello)
+    opened.append(conn)
+    if isinstance(vec, envs_lib.selfplay.SelfPlayVectorEnv):  # a second connection plays the opponents
+        hello.run_id, hello.role = uuid.uuid4().hex, OPPONENT
+        opponents = _connect(opts, hello)
+        opened.append(opponents)
+        vec.opponent = functools.partial(_opponent_moves, opponents, obs_spec, vec)
+    return conn
 
 
 def _opponent_moves(conn: Connection | LocalConnection, obs_spec: envs_lib.SpaceSpec,

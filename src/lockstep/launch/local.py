@@ -54,7 +54,7 @@ def launcher(config: Config, run_dir: Path, token: str | None) -> Launcher:
                                config.vector_kwargs())
     tls = config.learner.tls_cert or None
     options = [ActorOptions(learner="", env=env.id, obs_keys=tuple(env.obs_keys), env_kwargs=config.vector_kwargs(),
-                            envs_per_actor=actors.envs_per_actor, vector=actors.vector,
+                            envs_per_actor=actors.envs_per_actor, vector=actors.vector, splits=actors.splits,
                             actor_id=i, token=token,
                             tls_ca=tls, tls_server_name="localhost" if tls else None) for i in range(actors.count)]
     return ActorProcesses(options, policy,
@@ -94,12 +94,14 @@ def check_local_actors(config: Config) -> None:
         return
     scheme, _, name = config.env.id.partition(":")
     each = 2 if scheme == "pettingzoo" and envs.selfplay.is_turn_based(name) else 1  # a game's opponents: another
-    if config.learner.max_connections < config.actors.count * each:
+    held = config.actors.count * config.actors.splits * each  # a connection per split of each actor
+    if config.learner.max_connections < held:
         raise ConfigError(f"learner.max_connections is {config.learner.max_connections}, but the "
-                          f"{config.actors.count} actor(s) lockstep train starts hold {config.actors.count * each} "
+                          f"{config.actors.count} actor(s) lockstep train starts hold {held} "
                           "connection(s) at once, so some would be refused and the first phase would wait for "
-                          f"them forever: set learner.max_connections to at least {config.actors.count * each}")
-    hello = pb.Hello(run_id=32 * "0", num_envs=config.actors.envs_per_actor * spec.agents, env_id=config.env.id,
+                          f"them forever: set learner.max_connections to at least {held}")
+    group = config.actors.envs_per_actor // config.actors.splits  # the envs of one connection's hello
+    hello = pb.Hello(run_id=32 * "0", num_envs=group * spec.agents, env_id=config.env.id,
                      observation_space=space_to_proto(spec.observation), action_space=space_to_proto(spec.action))
     try:
         check_hello(hello, config.learner.hello_limits)  # the run id: a uuid's 32 hex digits, as actors send

@@ -133,7 +133,7 @@ class RayActors:
         for i in range(actors.count):
             options = ActorOptions(learner=address, env=env.id, obs_keys=tuple(env.obs_keys),
                                    env_kwargs=self.config.vector_kwargs(), envs_per_actor=actors.envs_per_actor,
-                                   vector=actors.vector, actor_id=i,
+                                   vector=actors.vector, splits=actors.splits, actor_id=i,
                                    token=self.token, tls_server_name="localhost" if ca and self._own else None)
             actor = _Actor(i, remote.remote(options, level, ca))
             self._call(actor)

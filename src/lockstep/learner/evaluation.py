@@ -134,13 +134,15 @@ class EvalResult:
 
 def eval_seed(config: Config) -> int:
     """The evaluation env's reset seed (also its noise seed): drawn from ``run.seed`` by a sequence of its own,
-    and never one of the reset seeds of the envs of ``lockstep train``'s actors (ids 0 .. actors.count - 1)."""
+    and never one of the reset seeds of the envs of ``lockstep train``'s actors (members 0 .. actors.count x
+    actors.splits - 1, ``actor.member_id``)."""
     import numpy as np
 
     from lockstep.envs import env_seeds
 
-    taken = {s for actor in range(config.actors.count)
-             for s in env_seeds(config.run.seed, actor, config.actors.envs_per_actor)}
+    group = config.actors.envs_per_actor // config.actors.splits
+    taken = {s for member in range(config.actors.count * config.actors.splits)
+             for s in env_seeds(config.run.seed, member, group)}
     sequence = np.random.SeedSequence(config.run.seed, spawn_key=(EVAL_KEY,))
     candidates = sequence.generate_state(len(taken) + 1, np.uint32).tolist()  # more than are taken: one is free
     return next((seed for seed in candidates if seed not in taken), max(taken) + 1)

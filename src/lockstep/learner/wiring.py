@@ -162,7 +162,7 @@ class Learner:
             self.error = err
             self._ready.set()
             raise
-        log.info("learner listening on port %d and %s, waiting for %d actor(s); sync %s",
+        log.info("learner listening on port %d and %s, waiting for %d member(s) (actors x splits); sync %s",
                  self.port, self.local_address or "no unix socket", self.config.min_actors, self.strategy.name)
         self._ready.set()
         trainer.start()

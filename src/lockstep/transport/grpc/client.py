@@ -183,6 +183,11 @@ class Connection:
         except grpc.RpcError as err:
             raise translate(err) from err
 
+    def interrupt(self) -> None:
+        """End the stream from another thread: a ``step`` or ``act`` waiting on it, or called later, raises
+        ``ConnectionError``; ``close`` still releases the channel."""
+        self._call.cancel()
+
     def close(self) -> None:
         self._outbox.put(_END)
         self._call.cancel()

@@ -132,6 +132,14 @@ class LocalConnection:
                 raise LearnerClosed()
             raise ConnectionError(f"expected an action from the learner at {self.address}, got reply kind {kind}")
 
+    def interrupt(self) -> None:
+        """End the connection from another thread: an ``act`` waiting on it, or called later, raises
+        ``ConnectionError``. The shared memory stays mapped (an ``act`` may be writing into it) until ``close``."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed or never connected
+            pass
+
     def close(self) -> None:
         if self._region is not None:
             self._region.close()

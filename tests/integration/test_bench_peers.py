@@ -113,7 +113,8 @@ def test_cleanrl_like_and_lockstep_runs_interleave_per_seed_into_one_report(tmp_
 
 
 def test_an_unknown_workload_is_named(tmp_path):
-    with pytest.raises(ValueError, match="unknown workload 'pong'; workloads: cartpole, hopper, halfcheetah"):
+    with pytest.raises(ValueError,
+                       match="unknown workload 'pong'; workloads: cartpole, hopper, halfcheetah, doom, breakout-sf"):
         peers.run(peers.PeersOptions(workloads=["pong"], python=sys.executable, scripts=tmp_path), tmp_path, "x")
 
 

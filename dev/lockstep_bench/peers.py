@@ -453,9 +453,10 @@ def markdown(report: dict[str, Any]) -> str:
             cell(r["process_s"]), f"{cell(r['loadavg_start'])} / {cell(r['loadavg_end'])}"]) + " |")
     lines += [
         "",
-        "Env steps/s: over training, start-up excluded (CleanRL: its last `SPS:` line; lockstep: summary.json "
-        "`sps`; Sample Factory: its closing `Collected ..., FPS:` over its main loop); the ratio is lockstep / the "
-        "peer, above 1 when lockstep steps faster. Steady: from the first report with steps to the last (lockstep: "
+        "Env steps/s: over training (CleanRL: its last `SPS:` line; lockstep: summary.json `sps`; both without "
+        "start-up; Sample Factory: its closing `Collected ..., FPS:`, over its runner's main loop, which holds its "
+        "workers' start-up); the ratio is lockstep / the peer, above 1 when lockstep steps faster. "
+        "Steady: from the first report with steps to the last (lockstep: "
         "metrics.csv rows; Sample Factory: its `Fps is ... Total num frames:` lines). Whole process: env steps over "
         "the process's seconds, start-up in. Seconds to threshold: from "
         "the start of training until the mean return of the last 20 episodes first reached it (CleanRL: its "

@@ -144,7 +144,8 @@ NOTE = ("\nSample Factory: env steps are agent steps (policy decisions), its fra
         "the first report past the budget, so it may run a batch or more beyond it. Final return: its last `Avg "
         "episode reward` over 20 episodes (`--stats_avg=20`), times the workload's reward scale (100 for doom_basic, "
         "whose rewards it scales by 0.01), against the mean of lockstep's last 20 at the end of its run; lockstep "
-        "trains for the agent steps Sample Factory took in the same seed, so both returns are at equal steps.")
+        "trains for the agent steps Sample Factory took in the same seed, so both returns are at equal steps. Its "
+        "seconds to the threshold are not read (n/a): its returns come every 5 s, stamped from its own start.")
 
 
 def table(summary: dict[str, Any], workloads: dict[str, Any]) -> list[str]:

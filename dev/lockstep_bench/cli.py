@@ -174,15 +174,17 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
             raise config_lib.ConfigError(f"{flag} must be at least {least}, got {value}")
     out = Path(args.out)
     seeds = list(range(1, args.seeds + 1))
-    options = peers.PeersOptions(workloads=[args.only] if args.only else list(peers.WORKLOADS), seeds=seeds,
-                                 steps=args.steps, quick=args.quick, cache=Path(args.cache) if args.cache else None,
-                                 python=args.python, scripts=Path(args.scripts) if args.scripts else None,
+    options = peers.PeersOptions(workloads=[args.only] if args.only else list(peers.DEFAULT_WORKLOADS),
+                                 seeds=seeds, steps=args.steps, quick=args.quick,
+                                 cache=Path(args.cache) if args.cache else None, python=args.python,
+                                 scripts=Path(args.scripts) if args.scripts else None, sf_python=args.sf_python,
                                  peer_threads=args.peer_threads)
     parts = ["lockstep bench peers", f"--out {out}", f"--seeds {args.seeds}"]
     parts += [f"--only {args.only}"] if args.only else []
     parts += [f"--steps {args.steps}"] if args.steps else []
     parts += ["--quick"] if args.quick else []
     parts += [f"--peer-threads {args.peer_threads}"] if args.peer_threads != 1 else []
+    parts += [f"--sf-python {args.sf_python}"] if args.sf_python else []
     report = peers.run(options, out, " ".join(parts))
     print((out / "peers.md").read_text())
     print(f"wrote {out / 'peers.md'} and {out / 'peers.json'}")
@@ -343,21 +345,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="8 s per size")
     p.set_defaults(func=cmd_bench_scale)
 
-    p = bench_sub.add_parser("peers", help="CleanRL's ppo.py and ppo_continuous_action.py against the matching "
-                                           "lockstep presets, interleaved: env steps/s and seconds to a return")
+    p = bench_sub.add_parser("peers", help="CleanRL's ppo.py and ppo_continuous_action.py, or Sample Factory's Doom "
+                                           "and Atari examples, against the matching lockstep presets, "
+                                           "interleaved: env steps/s, seconds to a return, final returns")
     p.add_argument("--out", default="bench-results/peers", help="folder for peers.md, peers.json and runs/")
-    p.add_argument("--only", choices=["cartpole", "hopper", "halfcheetah"], help="one workload (default: all)")
-    p.add_argument("--steps", type=int, help="env steps of every run (default 100,000 CartPole, 40,960 Hopper; "
-                                             "8,192 and 4,096 with --quick)")
+    p.add_argument("--only", choices=["cartpole", "hopper", "halfcheetah", "doom", "breakout-sf"],
+                   help="one workload (default: the CleanRL ones, cartpole, hopper and halfcheetah; doom and "
+                        "breakout-sf run Sample Factory 2.1.1 against doom-basic and breakout)")
+    p.add_argument("--steps", type=int, help="env (agent) steps of every run (default 100,000 CartPole, 40,960 "
+                                             "Hopper, 200,000 Doom, 100,000 Breakout; 8,192 and 4,096 with --quick)")
     p.add_argument("--seeds", type=int, default=1, help="run seeds 1 to N")
     p.add_argument("--quick", action="store_true", help="small step budgets")
     p.add_argument("--cache", help="folder for CleanRL's throwaway virtual environment and scripts, kept between "
-                                   "invocations (default OUT/cleanrl)")
+                                   "invocations (default OUT/cleanrl); Sample Factory's is its samplefactory/ "
+                                   "(default OUT/samplefactory)")
     p.add_argument("--python", help="a ready interpreter with CleanRL's dependencies, instead of the venv")
     p.add_argument("--scripts", help="a folder holding ppo.py and ppo_continuous_action.py (e.g. a CleanRL "
                                      "checkout), instead of the wheel's")
+    p.add_argument("--sf-python", help="a ready interpreter with sample-factory 2.1.1 and its examples' envs, "
+                                       "instead of its venv")
     p.add_argument("--peer-threads", type=int, default=1,
-                   help="OMP_NUM_THREADS of CleanRL's runs (default 1, as lockstep's learner.torch_threads; 0: "
+                   help="OMP_NUM_THREADS of the peer's runs (default 1, as lockstep's learner.torch_threads; 0: "
                         "torch's default, one per core, which spins against itself on a busy machine)")
     p.set_defaults(func=cmd_bench_peers)
 

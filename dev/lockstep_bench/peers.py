@@ -1,4 +1,4 @@
-"""``lockstep bench peers``: CleanRL's PPO scripts side by side with the matching lockstep presets.
+"""``lockstep bench peers``: CleanRL's PPO scripts, or Sample Factory's examples, beside the matching lockstep presets.
 
 For each seed and each workload, two fresh processes one right after the other (seed 1 CleanRL,
 seed 1 lockstep, then the next workload, then seed 2, ...), so that whatever else the machine is
@@ -7,6 +7,12 @@ doing hits both alike:
     cartpole  CleanRL ``ppo.py --env-id CartPole-v1``            against ``lockstep train --config cartpole-cleanrl``
     hopper    CleanRL ``ppo_continuous_action.py --env-id Hopper-v4`` against ``lockstep train --config hopper``
     halfcheetah  the same script with ``--env-id HalfCheetah-v4`` against ``lockstep train --config halfcheetah``
+    doom      Sample Factory ``sf_examples.vizdoom.train_vizdoom --env=doom_basic`` against ``--config doom-basic``
+    breakout-sf  Sample Factory ``sf_examples.atari.train_atari --env=atari_breakout`` against ``--config breakout``
+
+The Sample Factory pairs (``peers_sf``) run only when named with ``--only``; they report agent steps/s steady
+(between its first and last report with frames, as between lockstep's first and last metrics.csv row) and over
+the whole process, and both final returns, lockstep trained for the agent steps Sample Factory took.
 
 Both train for the same number of env steps with the same seed and report two figures:
 
@@ -54,22 +60,31 @@ PEER_PACKAGES = ["gym==0.23.1", "pygame", "gymnasium[mujoco]==0.29.1", "mujoco==
 WINDOW = 20  # episodes in the running mean, as lockstep's EpisodeTracker
 STEP_LINE = re.compile(r"global_step=(\d+), episodic_return=\[?\s*([-+0-9.eE]+|nan)")
 SPS_LINE = re.compile(r"^SPS:\s*(\d+)")
-RUN_KEYS = ["workload", "seed", "side", "env_steps", "env_steps_per_s", "seconds_to_threshold",
-            "env_steps_to_threshold", "final_return", "process_s", "loadavg_start", "loadavg_end", "command", "error"]
+RUN_KEYS = ["workload", "seed", "side", "env_steps", "env_steps_per_s", "steady_steps_per_s", "process_steps_per_s",
+            "seconds_to_threshold", "env_steps_to_threshold", "final_return", "process_s", "loadavg_start",
+            "loadavg_end", "command", "error"]
 
 
 @dataclass(frozen=True)
 class Workload:
-    """One side-by-side pair: a CleanRL script with its env and a lockstep preset, at CleanRL's settings."""
+    """One side-by-side pair: a peer's script with its env and a lockstep preset, at the same settings.
+
+    For Sample Factory (``peer="samplefactory"``) ``script`` is its example's module, ``env_id`` its env name,
+    ``peer_args`` the flags that give it the preset's shape, ``frameskip`` the env frames it counts per agent step
+    and ``reward_scale`` what undoes the scaling of its env's rewards."""
 
     name: str
     script: str
     env_id: str
     preset: str
-    steps: int  # env steps of each run by default
+    steps: int  # env (agent) steps of each run by default
     quick_steps: int
     threshold: float  # the return both runs are timed to
-    batch: int  # CleanRL's env steps per update (num_envs x num_steps): the steps at its n-th SPS line
+    batch: int  # the peer's env steps per update (num_envs x num_steps): the steps at CleanRL's n-th SPS line
+    peer: str = "cleanrl"
+    peer_args: tuple[str, ...] = ()
+    frameskip: int = 1
+    reward_scale: float = 1.0
 
 
 WORKLOADS = {
@@ -79,20 +94,36 @@ WORKLOADS = {
     # -280, so 0 is the first sign of running forward that both reach within a short run
     "halfcheetah": Workload("halfcheetah", "ppo_continuous_action.py", "HalfCheetah-v4", "halfcheetah", 40_960,
                             4_096, 0.0, 2048),
+    # Sample Factory's Doom example at the preset's shape: 4 processes x 8 envs, rollouts of 32, batches of 1,024
+    # in one epoch of one minibatch. Its doom_basic scales rewards by 0.01 (sf_examples/vizdoom/doom/doom_utils.py,
+    # DoomSpec "doom_basic"); lockstep's are the game's own
+    "doom": Workload("doom", "sf_examples.vizdoom.train_vizdoom", "doom_basic", "doom-basic", 200_000, 8_192, 0.0,
+                     1024, "samplefactory", ("--num_workers=4", "--num_envs_per_worker=8", "--rollout=32",
+                                             "--batch_size=1024", "--num_batches_per_epoch=1", "--num_epochs=1"),
+                     frameskip=4, reward_scale=100.0),
+    # its Atari example at CleanRL's ppo_atari.py shape, as the breakout preset: 2 x 4 envs x 128 steps, 4 epochs
+    # x 4 minibatches of 256; its returns are whole games' raw scores (RecordEpisodeStatistics), as lockstep's
+    "breakout-sf": Workload("breakout-sf", "sf_examples.atari.train_atari", "atari_breakout", "breakout", 100_000,
+                            4_096, 10.0, 1024, "samplefactory",
+                            ("--num_workers=2", "--num_envs_per_worker=4", "--rollout=128", "--batch_size=256",
+                             "--num_batches_per_epoch=4", "--num_epochs=4"), frameskip=4),
 }
+DEFAULT_WORKLOADS = [name for name, w in WORKLOADS.items() if w.peer == "cleanrl"]  # Sample Factory's when named
+PEERS = {"cleanrl": "CleanRL", "samplefactory": "Sample Factory"}
 
 
 @dataclass
 class PeersOptions:
     """What ``lockstep bench peers`` runs."""
 
-    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
     seeds: list[int] = field(default_factory=lambda: [1])
     steps: int | None = None  # None: each workload's own (quick_steps with quick)
     quick: bool = False
-    cache: Path | None = None  # where the CleanRL venv and scripts live; None: OUT/cleanrl
+    cache: Path | None = None  # where the CleanRL venv and scripts live (Sample Factory's: its samplefactory/)
     python: str | None = None  # a ready interpreter for the scripts instead of the venv
     scripts: Path | None = None  # a folder holding ppo.py and ppo_continuous_action.py instead of the wheel's
+    sf_python: str | None = None  # a ready interpreter with Sample Factory instead of its venv
     timeout_s: float = 1800.0  # per run
     peer_threads: int = 1  # OMP_NUM_THREADS of CleanRL's runs, as lockstep's learner.torch_threads; 0: torch's own
 
@@ -175,12 +206,12 @@ class PeerOutput:
         return round(statistics.fmean(values), 2) if values else None
 
 
-def run_stamped(cmd: list[str], log_path: Path, timeout_s: float, cwd: Path,
-                env: dict[str, str] | None = None) -> tuple[int | None, float, PeerOutput]:
+def run_stamped(cmd: list[str], log_path: Path, timeout_s: float, cwd: Path, env: dict[str, str] | None = None,
+                output: Any = None) -> tuple[int | None, float, Any]:
     """Run ``cmd`` in its own session, reading its output line by line, stamping each line as it arrives and
-    copying it to ``log_path``; kill its process group after ``timeout_s``. Returns (exit code or None,
-    seconds, what it printed)."""
-    output = PeerOutput()
+    copying it to ``log_path`` and ``output.feed`` (a ``PeerOutput`` unless given); kill its process group after
+    ``timeout_s``. Returns (exit code or None, seconds, the output)."""
+    output = PeerOutput() if output is None else output
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env, text=True,
                             bufsize=1, start_new_session=True)
@@ -204,13 +235,13 @@ def run_stamped(cmd: list[str], log_path: Path, timeout_s: float, cwd: Path,
     return (None if killed.is_set() else rc), time.perf_counter() - start, output
 
 
-def _row(workload: Workload, seed: int, side: str) -> dict[str, Any]:
+def blank_row(workload: Workload, seed: int, side: str) -> dict[str, Any]:
     row: dict[str, Any] = {k: None for k in RUN_KEYS}
     row.update(workload=workload.name, seed=seed, side=side, loadavg_start=round(os.getloadavg()[0], 2))
     return row
 
 
-def _error(rc: int | None, timeout_s: float, log_path: Path) -> str | None:
+def exit_error(rc: int | None, timeout_s: float, log_path: Path) -> str | None:
     if rc is None:
         return f"killed after {timeout_s:g} s; see {log_path}"
     if rc != 0:
@@ -218,27 +249,33 @@ def _error(rc: int | None, timeout_s: float, log_path: Path) -> str | None:
     return None
 
 
+def peer_env(threads: int) -> dict[str, str]:
+    """A peer's environment: unbuffered output, its own packages only, ``threads`` torch threads (0: torch's)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)
+    if threads:  # torch's default (one thread per core) spins against itself on a busy machine: 10x slower here
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
 def run_peer(workload: Workload, seed: int, steps: int, python: str, scripts: Path, work: Path,
              timeout_s: float, threads: int = 1) -> dict[str, Any]:
     """One CleanRL run (in its own folder: it writes runs/ there), its row."""
-    row = _row(workload, seed, "cleanrl")
+    row = blank_row(workload, seed, "cleanrl")
     work.mkdir(parents=True, exist_ok=True)
     cmd = [python, str(scripts / workload.script), "--env-id", workload.env_id, "--total-timesteps", str(steps),
            "--seed", str(seed), "--cuda", "False"]
     log_path = work / "stdout.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("PYTHONPATH", None)  # the peer's own packages only
-    if threads:  # torch's default (one thread per core) spins against itself on a busy machine: 10x slower here
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    rc, process_s, output = run_stamped(cmd, log_path, timeout_s, work, env)
+    rc, process_s, output = run_stamped(cmd, log_path, timeout_s, work, peer_env(threads))
     reached = output.first_reached(workload.threshold, workload.batch)
     row.update(command=" ".join(cmd), process_s=round(process_s, 2), loadavg_end=round(os.getloadavg()[0], 2),
-               error=_error(rc, timeout_s, log_path))
+               error=exit_error(rc, timeout_s, log_path))
     if row["error"] is None and not output.sps:
         row["error"] = f"no 'SPS:' line in its output; see {log_path}"
     if output.sps:
         updates = len(output.sps)
-        row.update(env_steps=updates * workload.batch, env_steps_per_s=float(output.sps[-1][1]))
+        row.update(env_steps=updates * workload.batch, env_steps_per_s=float(output.sps[-1][1]),
+                   process_steps_per_s=round(updates * workload.batch / process_s, 1))
     row.update(seconds_to_threshold=None if reached is None else reached[0],
                env_steps_to_threshold=None if reached is None else reached[1], final_return=output.final_return())
     return row
@@ -248,7 +285,7 @@ def run_lockstep(workload: Workload, seed: int, steps: int, run_path: Path, time
     """One ``lockstep train`` of the workload's preset, its row."""
     from lockstep_bench.runs import run_process
 
-    row = _row(workload, seed, "lockstep")
+    row = blank_row(workload, seed, "lockstep")
     shutil.rmtree(run_path, ignore_errors=True)
     cmd = lockstep_command(["--config", workload.preset, "--seed", str(seed), "--run-dir", str(run_path),
                             "--name", run_path.name, "--set", f"ppo.total_steps={steps}",
@@ -256,7 +293,7 @@ def run_lockstep(workload: Workload, seed: int, steps: int, run_path: Path, time
     log_path = run_path.parent / f"{run_path.name}.log"
     rc, process_s = run_process(cmd, log_path, timeout_s, cwd=run_path.parent)
     row.update(command=" ".join(cmd), process_s=round(process_s, 2), loadavg_end=round(os.getloadavg()[0], 2),
-               error=_error(rc, timeout_s, log_path))
+               error=exit_error(rc, timeout_s, log_path))
     summary = RunDir(run_path).summary() if (run_path / "summary.json").is_file() else None
     if summary is None:
         row["error"] = row["error"] or f"no summary.json written; see {log_path}"
@@ -266,11 +303,21 @@ def run_lockstep(workload: Workload, seed: int, steps: int, run_path: Path, time
     crossing = summary["first_reached"].get(f"{workload.threshold:g}")
     metrics = RunDir(run_path).metrics()
     final = metrics[-1].get("episode_return_mean20") if metrics else None
-    row.update(env_steps=summary["env_steps"], env_steps_per_s=summary["sps"],
+    row.update(env_steps=summary["env_steps"], env_steps_per_s=summary["sps"], steady_steps_per_s=steady_rate(metrics),
+               process_steps_per_s=round(summary["env_steps"] / process_s, 1),
                seconds_to_threshold=None if crossing is None else crossing["wall_s"],
                env_steps_to_threshold=None if crossing is None else crossing["env_steps"],
                final_return=None if final is None else round(float(final), 2))
     return row
+
+
+def steady_rate(metrics: list[dict[str, Any]]) -> float | None:
+    """Env steps/s of metrics.csv from its first row to its last (the first iteration, with its warm-up, outside),
+    as Sample Factory's from its first report with frames to its last; None with fewer than two rows."""
+    if len(metrics) < 2 or float(metrics[-1]["wall_s"]) <= float(metrics[0]["wall_s"]):
+        return None
+    steps = int(metrics[-1]["env_steps"]) - int(metrics[0]["env_steps"])
+    return round(steps / (float(metrics[-1]["wall_s"]) - float(metrics[0]["wall_s"])), 1)
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -278,49 +325,67 @@ def _median(values: list[float | None]) -> float | None:
     return round(statistics.median(present), 3) if present and len(present) == len(values) else None
 
 
+MEDIANS = ("env_steps_per_s", "steady_steps_per_s", "process_steps_per_s", "seconds_to_threshold", "final_return")
+RATIOS = ("env_steps_per_s", "steady_steps_per_s", "process_steps_per_s", "seconds_to_threshold")
+
+
 def summarize(runs: list[dict[str, Any]], workloads: list[str]) -> dict[str, Any]:
-    """Per workload and side: median env steps/s and seconds to the threshold (n/a unless every seed has one);
-    and lockstep / CleanRL for each (above 1: lockstep steps faster; below 1: lockstep gets there sooner)."""
+    """Per workload and side (its peer's, then lockstep): the medians of each rate, of the seconds to the
+    threshold and of the final return (n/a unless every seed has one); and lockstep / the peer for each rate and
+    the seconds (above 1: lockstep steps faster; below 1: lockstep gets there sooner)."""
     out: dict[str, Any] = {}
     for name in workloads:
-        entry: dict[str, Any] = {}
-        for side in ("cleanrl", "lockstep"):
+        peer = WORKLOADS[name].peer
+        entry: dict[str, Any] = {"peer": peer}
+        for side in (peer, "lockstep"):
             rows = [r for r in runs if r["workload"] == name and r["side"] == side]
-            entry[side] = {"env_steps_per_s": _median([r["env_steps_per_s"] for r in rows]),
-                           "seconds_to_threshold": _median([r["seconds_to_threshold"] for r in rows]),
-                           "reached": sum(r["seconds_to_threshold"] is not None for r in rows), "runs": len(rows)}
-        for what in ("env_steps_per_s", "seconds_to_threshold"):
-            ours, theirs = entry["lockstep"][what], entry["cleanrl"][what]
+            entry[side] = {what: _median([r[what] for r in rows]) for what in MEDIANS}
+            entry[side].update(reached=sum(r["seconds_to_threshold"] is not None for r in rows), runs=len(rows))
+        for what in RATIOS:
+            ours, theirs = entry["lockstep"][what], entry[peer][what]
             entry[f"ratio_{what}"] = round(ours / theirs, 3) if ours is not None and theirs else None
         out[name] = entry
     return out
 
 
 def run(options: PeersOptions, out: Path, command: str) -> dict[str, Any]:
-    """Every seed of every workload, CleanRL then lockstep; OUT/peers.json and OUT/peers.md; the report."""
+    """Every seed of every workload, its peer (CleanRL or Sample Factory) then lockstep; OUT/peers.json and
+    OUT/peers.md; the report."""
     import torch
+
+    from lockstep_bench import peers_sf
 
     unknown = [w for w in options.workloads if w not in WORKLOADS]
     if unknown:
         raise ValueError(f"unknown workload {unknown[0]!r}; workloads: {', '.join(WORKLOADS)}")
     out.mkdir(parents=True, exist_ok=True)
-    if options.python is not None and options.scripts is not None:
-        python, scripts = options.python, options.scripts
-    else:
+    peers = {WORKLOADS[name].peer for name in options.workloads}
+    python, scripts, sf_python = options.python, options.scripts, options.sf_python
+    if "cleanrl" in peers and (python is None or scripts is None):
         venv_python, wheel_scripts = prepare(options.cache or out / "cleanrl")
-        python, scripts = options.python or str(venv_python), options.scripts or wheel_scripts
+        python, scripts = python or str(venv_python), scripts or wheel_scripts
+    if "samplefactory" in peers and sf_python is None:
+        sf_python = str(peers_sf.prepare((options.cache or out) / "samplefactory"))
+    device = "gpu" if torch.cuda.is_available() else "cpu"  # where lockstep's learner.device auto puts it
     began, load_at_start = time.perf_counter(), [round(x, 2) for x in os.getloadavg()]
     runs: list[dict[str, Any]] = []
     for seed in options.seeds:
         for name in options.workloads:
             workload, steps = WORKLOADS[name], options.steps_of(WORKLOADS[name])
-            for side in ("cleanrl", "lockstep"):
+            for side in (workload.peer, "lockstep"):
+                if side == "lockstep" and workload.peer == "samplefactory" and runs[-1]["env_steps"]:
+                    steps = runs[-1]["env_steps"]  # it overshoots by whole batches: the returns at equal steps
                 print(f"[peers] {name} seed {seed} {side}: {steps:,} env steps ...", flush=True)
                 base = out / "runs" / f"{name}-s{seed}-{side}"
                 base.parent.mkdir(parents=True, exist_ok=True)
-                row = (run_peer(workload, seed, steps, python, Path(scripts), base, options.timeout_s,
-                                options.peer_threads)
-                       if side == "cleanrl" else run_lockstep(workload, seed, steps, base, options.timeout_s))
+                if side == "cleanrl":
+                    row = run_peer(workload, seed, steps, str(python), Path(str(scripts)), base, options.timeout_s,
+                                   options.peer_threads)
+                elif side == "samplefactory":
+                    row = peers_sf.run_sf(workload, seed, steps, str(sf_python), base, options.timeout_s,
+                                          options.peer_threads, device)
+                else:
+                    row = run_lockstep(workload, seed, steps, base, options.timeout_s)
                 runs.append(row)
                 print(f"[peers] {name} seed {seed} {side}: "
                       + (f"FAILED: {row['error']}" if row["error"] else
@@ -328,10 +393,11 @@ def run(options: PeersOptions, out: Path, command: str) -> dict[str, Any]:
                          f"{workload.threshold:g}"), flush=True)
     report = {
         "command": command,
-        "workloads": {n: {"env": WORKLOADS[n].env_id, "preset": WORKLOADS[n].preset,
+        "workloads": {n: {"env": WORKLOADS[n].env_id, "preset": WORKLOADS[n].preset, "peer": WORKLOADS[n].peer,
                           "script": WORKLOADS[n].script, "threshold": WORKLOADS[n].threshold,
                           "steps": options.steps_of(WORKLOADS[n])} for n in options.workloads},
         "cleanrl": CLEANRL_VERSION if options.scripts is None else str(options.scripts),
+        "samplefactory": peers_sf.SF_VERSION if options.sf_python is None else options.sf_python,
         "seeds": list(options.seeds),
         "peer_threads": options.peer_threads,
         "summary": summarize(runs, options.workloads),
@@ -347,20 +413,26 @@ def run(options: PeersOptions, out: Path, command: str) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """peers.md: the medians with their ratios, then every run with the load average beside it."""
+    """peers.md: the medians with their ratios (a table per peer), then every run with the load average beside it."""
+    from lockstep_bench import peers_sf
+
+    summary = report["summary"]
+    names = {"cleanrl": f"CleanRL {report['cleanrl']}", "samplefactory": f"Sample Factory {report['samplefactory']}"}
     lines = [
         "# lockstep bench peers\n",
-        f"`{report['command']}`: CleanRL {report['cleanrl']} against lockstep, interleaved per seed; "
-        f"seeds {', '.join(map(str, report['seeds']))}; CleanRL with "
+        f"`{report['command']}`: {' and '.join(sorted({names[e['peer']] for e in summary.values()}))} "
+        f"against lockstep, interleaved per seed; seeds {', '.join(map(str, report['seeds']))}; the peers with "
         f"{'OMP_NUM_THREADS=' + str(report['peer_threads']) if report['peer_threads'] else 'torch default threads'}"
         f" (lockstep's learner: learner.torch_threads, 1 unless the preset says); {report['cpu_count']} CPU "
         f"cores, torch {report['torch']}; "
         f"load average at start {', '.join(map(str, report['loadavg_at_start']))}; {report['elapsed_s']:g} s in all.\n",
-        "| workload | env steps | threshold | CleanRL env steps/s | lockstep env steps/s | ratio | "
-        "CleanRL s to threshold | lockstep s to threshold | ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, entry in report["summary"].items():
+    cleanrl = {name: entry for name, entry in summary.items() if entry["peer"] == "cleanrl"}
+    if cleanrl:
+        lines += ["| workload | env steps | threshold | CleanRL env steps/s | lockstep env steps/s | ratio | "
+                  "CleanRL s to threshold | lockstep s to threshold | ratio |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+    for name, entry in cleanrl.items():
         w = report["workloads"][name]
         c, lk = entry["cleanrl"], entry["lockstep"]
         lines.append("| " + " | ".join([
@@ -368,25 +440,32 @@ def markdown(report: dict[str, Any]) -> str:
             cell(c["env_steps_per_s"]), cell(lk["env_steps_per_s"]), cell(entry["ratio_env_steps_per_s"]),
             cell(c["seconds_to_threshold"]), cell(lk["seconds_to_threshold"]),
             cell(entry["ratio_seconds_to_threshold"])]) + " |")
-    lines += ["", "| workload | seed | side | env steps | env steps/s | s to threshold | env steps to threshold | "
-                  "final return (last 20) | process s | load 1m start / end |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    sample_factory = {name: entry for name, entry in summary.items() if entry["peer"] == "samplefactory"}
+    lines += peers_sf.table(sample_factory, report["workloads"]) if sample_factory else []
+    lines += ["", "| workload | seed | side | env steps | env steps/s | steady | whole process | s to threshold | "
+                  "env steps to threshold | final return (last 20) | process s | load 1m start / end |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         lines.append("| " + " | ".join([
             r["workload"], str(r["seed"]), r["side"] + (" FAILED" if r["error"] else ""), cell(r["env_steps"]),
-            cell(r["env_steps_per_s"]), cell(r["seconds_to_threshold"]), cell(r["env_steps_to_threshold"]),
-            cell(r["final_return"]), cell(r["process_s"]), f"{cell(r['loadavg_start'])} / {cell(r['loadavg_end'])}"])
-            + " |")
+            cell(r["env_steps_per_s"]), cell(r["steady_steps_per_s"]), cell(r["process_steps_per_s"]),
+            cell(r["seconds_to_threshold"]), cell(r["env_steps_to_threshold"]), cell(r["final_return"]),
+            cell(r["process_s"]), f"{cell(r['loadavg_start'])} / {cell(r['loadavg_end'])}"]) + " |")
     lines += [
         "",
-        "Env steps/s: over training, start-up excluded (CleanRL: its last `SPS:` line; lockstep: summary.json "
-        "`sps`); the ratio is lockstep / CleanRL, above 1 when lockstep steps faster. Seconds to threshold: from "
+        "Env steps/s: over training (CleanRL: its last `SPS:` line; lockstep: summary.json `sps`; both without "
+        "start-up; Sample Factory: its closing `Collected ..., FPS:`, over its runner's main loop, which holds its "
+        "workers' start-up); the ratio is lockstep / the peer, above 1 when lockstep steps faster. "
+        "Steady: from the first report with steps to the last (lockstep: "
+        "metrics.csv rows; Sample Factory: its `Fps is ... Total num frames:` lines). Whole process: env steps over "
+        "the process's seconds, start-up in. Seconds to threshold: from "
         "the start of training until the mean return of the last 20 episodes first reached it (CleanRL: its "
         "stdout lines time-stamped as read); the ratio is lockstep / CleanRL, below 1 when lockstep gets there "
         "sooner; n/a when a run never reached it. Medians over seeds. Load 1m: the 1-minute load average as "
         "each run started and ended; above the core count, other work competed for the CPUs. CleanRL's Hopper "
         "is Hopper-v4 (its gymnasium 0.29); the lockstep preset runs Hopper-v5.",
     ]
+    lines += [peers_sf.NOTE] if sample_factory else []
     failed = [r for r in report["runs"] if r["error"]]
     if failed:
         lines += ["", "Failures:", ""] + [f"- {r['workload']} seed {r['seed']} {r['side']}: {r['error']}"

@@ -113,7 +113,8 @@ def test_cleanrl_like_and_lockstep_runs_interleave_per_seed_into_one_report(tmp_
 
 
 def test_an_unknown_workload_is_named(tmp_path):
-    with pytest.raises(ValueError, match="unknown workload 'pong'; workloads: cartpole, hopper, halfcheetah"):
+    with pytest.raises(ValueError,
+                       match="unknown workload 'pong'; workloads: cartpole, hopper, halfcheetah, doom, breakout-sf"):
         peers.run(peers.PeersOptions(workloads=["pong"], python=sys.executable, scripts=tmp_path), tmp_path, "x")
 
 
@@ -124,3 +125,52 @@ def test_counts_below_their_least_are_refused_by_name(tmp_path, flag, value, lea
     assert result.returncode == 2
     assert f"{flag} must be at least {least}, got {value}" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+# Sample Factory's command line and console lines (formats: sample_factory/algo/runners/runner.py:348, :362, :783
+# of 2.1.1, behind colorlog's "[%(asctime)s][%(process)05d] " of sample_factory/utils/utils.py:36): a report of 4,096
+# frames, then one more batch than asked, as its asynchronous learner overshoots, and the closing line
+SF_LIKE = textwrap.dedent('''
+    import sys, time
+    args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+    frames = int(args["train_for_env_steps"]) + 4096
+    def say(message):
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S") + ",000"
+        print(f"\\x1b[36m[{stamp}][00042] {message}\\x1b[0m", flush=True)
+    for total in (4096, frames):
+        say(f"Fps is (10 sec: 409.6, 60 sec: 409.6, 300 sec: 409.6). Total num frames: {total}. Throughput: 0: "
+            f"102.4. Samples: {total // 4}. Policy #0 lag: (min: 0.0, avg: 0.0, max: 0.0)")
+        say(f"Avg episode reward: [(0, '{total / 4096:.3f}')]")
+        time.sleep(1.1)
+    say(f"Collected {{0: {frames}}}, FPS: 409.6")
+''')
+
+
+def test_sample_factory_like_and_lockstep_runs_end_at_equal_agent_steps(tmp_path):
+    """--sf-python: an interpreter wrapper that finds a Sample Factory-like sf_examples.atari.train_atari; lockstep's
+    breakout preset trains, for real, for the agent steps the peer took (its frames / 4)."""
+    package = tmp_path / "modules" / "sf_examples" / "atari"
+    package.mkdir(parents=True)
+    for init in (package.parent / "__init__.py", package / "__init__.py"):
+        init.write_text("")
+    (package / "train_atari.py").write_text(SF_LIKE)
+    wrapper = tmp_path / "sf-python"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'modules'} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    out = tmp_path / "out"
+    result = subprocess.run([*lockstep_cmd(), "bench", "peers", "--only", "breakout-sf", "--steps", "1024",
+                             "--sf-python", str(wrapper), "--out", str(out)], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "peers.json").read_text())
+    assert [r["side"] for r in report["runs"]] == ["samplefactory", "lockstep"]
+    sf, lockstep = report["runs"]
+    assert "--train_for_env_steps=4096" in sf["command"] and "--num_envs_per_worker=4" in sf["command"]
+    assert sf["env_steps"] == 2048 and sf["steady_steps_per_s"] > 0 and sf["final_return"] == 2.0
+    assert lockstep["error"] is None and lockstep["env_steps"] == 2048 and "ppo.total_steps=2048" in lockstep["command"]
+    assert lockstep["final_return"] is not None and lockstep["steady_steps_per_s"] > 0
+    summary = report["summary"]["breakout-sf"]
+    assert summary["peer"] == "samplefactory" and summary["ratio_process_steps_per_s"] is not None
+    md = (out / "peers.md").read_text()
+    assert "| breakout-sf (sf_examples.atari.train_atari atari_breakout / breakout) | 1,024 |" in md
+    assert "Sample Factory 2.1.1" not in md and str(wrapper) in md

@@ -45,6 +45,10 @@ def cmd_bench_sync_learning(args: argparse.Namespace) -> int:
     options.configs = args.configs or options.configs
     options.seeds = list(range(1, (args.seeds or len(options.seeds)) + 1))
     out = Path(args.out)
+    if args.rebuild:  # the table and curves again, from the runs already in --out
+        sync_learning.rebuild(out)
+        print((out / "learning.md").read_text())
+        return 0
     parts = ["lockstep bench sync --learning", f"--out {out}", f"--seeds {len(options.seeds)}"]
     parts += ["--workloads " + " ".join(args.workloads)] if args.workloads else []
     parts += ["--configs " + " ".join(args.configs)] if args.configs else []
@@ -269,6 +273,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workloads", nargs="+", choices=list(LEARNING_WORKLOADS), help="with --learning: a subset")
     p.add_argument("--configs", nargs="+", choices=list(LEARNING_CONFIGS), help="with --learning: a subset")
     p.add_argument("--seeds", type=int, help="with --learning: seeds 1..N (default 3)")
+    p.add_argument("--rebuild", action="store_true",
+                   help="with --learning: write the table and curves again from the runs already in --out")
     p.set_defaults(func=cmd_bench_sync)
 
     p = bench_sub.add_parser("throughput", help="env steps/s of the distributed modes against an in-process baseline")

@@ -11,10 +11,11 @@ processes, at a fixed env-step budget (no early stop), one after another: seed 1
 Per configuration (median over seeds, with each run's 1-minute load average beside it in ``learning.json``):
 env steps/s; the actors' held fraction (the share of the actors' time their requests waited on the gate,
 ``actors_held_s`` / (actors x wall_s)); the return (mean of the last 20 episodes) at equal env steps (the
-budget's half and its end) and at equal wall seconds (the time by which every run of the workload had
-finished, so that each curve has a value there; a run that finished earlier keeps its last return: it had
-stopped learning because its budget was spent, not because it was slow); the lag's mean and max; the share of
-the samples V-trace truncated. Curves against steps and against seconds: one PNG per workload.
+budget's half and its end) and at equal wall seconds (when the workload's fastest run finished its budget: every
+run is still learning there, and one that is slower has taken fewer steps by then); the lag's mean and max; the
+share of the samples V-trace truncated. Curves against steps and against seconds: one PNG per workload.
+``rebuild(OUT)`` writes the table and the curves again from the runs in ``OUT`` (the figures are read from each
+run's files; the load each run started under is kept from learning.json).
 """
 
 from __future__ import annotations
@@ -150,21 +151,38 @@ def run(options: LearningOptions, out: Path, invocation: str) -> dict[str, Any]:
                 rows.append(row)
                 print(f"{name} {choice} seed {seed}: " + (row["error"] or
                       f"{row['sps']:,.0f} steps/s, return {row['return_end']}, load {load:.2f}"), flush=True)
+    return report(rows, options, out, invocation)
+
+
+def report(rows: list[dict[str, Any]], options: LearningOptions, out: Path, invocation: str) -> dict[str, Any]:
+    """The table and the curves of ``rows``; ``learning.json`` and ``learning.md`` in ``out``."""
     _equal_seconds(rows, out)
-    report = {"invocation": invocation, "options": asdict(options), "runs": rows,
-              "table": table(rows, options), "curves": draw_curves(options, out)}
-    (out / "learning.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "learning.md").write_text("\n".join(markdown(report)) + "\n")
-    return report
+    written = {"invocation": invocation, "options": asdict(options), "runs": rows,
+               "table": table(rows, options), "curves": draw_curves(options, out)}
+    (out / "learning.json").write_text(json.dumps(written, indent=2) + "\n")
+    (out / "learning.md").write_text("\n".join(markdown(written)) + "\n")
+    return written
+
+
+def rebuild(out: Path) -> dict[str, Any]:
+    """``report`` again over the runs of an earlier invocation in ``out``, their figures read anew."""
+    earlier = json.loads((out / "learning.json").read_text())
+    options = LearningOptions(**earlier["options"])
+    rows = []
+    for old in earlier["runs"]:
+        row = old if old["error"] else measure(old["workload"], old["config"], old["seed"],
+                                               out / "runs" / old["workload"] / old["config"] / f"seed{old['seed']}")
+        rows.append({**row, "loadavg_1m": old["loadavg_1m"]})
+    return report(rows, options, out, earlier["invocation"])
 
 
 def _equal_seconds(rows: list[dict[str, Any]], out: Path) -> None:
-    """Each run's return at its workload's equal wall second: when its slowest run finished."""
+    """Each run's return at its workload's equal wall second: when its fastest run had finished its budget."""
     for name in {row["workload"] for row in rows}:
         done = [row for row in rows if row["workload"] == name and not row["error"]]
         if not done:
             continue
-        seconds = max(row["wall_s"] for row in done)
+        seconds = min(row["wall_s"] for row in done)
         for row in done:
             curve = plot.read_curve(out / "runs" / name / row["config"] / f"seed{row['seed']}")
             row["return_at_equal_s"] = _return_at(curve, "time", seconds)
@@ -217,7 +235,7 @@ def markdown(report: dict[str, Any]) -> list[str]:
     lines = [f"`{report['invocation']}`", "",
              "Medians over seeds. held: the share of the actors' time their requests waited on the gate. Return: "
              "the mean of the last 20 episodes, at half the budget, at its end (min-max over seeds) and at equal "
-             "wall seconds (when the workload's slowest run finished).", "",
+             "wall seconds (when the workload's fastest run had finished its budget).", "",
              "| workload | config | runs | env steps/s | held | return @ ½ budget | return @ budget (min–max) "
              "| return @ equal s (s) | lag mean | lag max | V-trace truncated | load |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -10,12 +10,14 @@ steps ends one (ViZDoom's basic: up to 75 steps). Reports, as the median of ``--
 - ``bootstrap``: ``model.states`` under no_grad, the forward pass over the batch that the bootstrap values need;
 - ``torso``, ``core``, ``heads+loss``: the forward pass with gradients, the CNN over T x N frames, the recurrent
   core over T (its segments cut at episode starts), the heads and PPO's loss;
-- ``backward``: the loss's backward pass; ``optimizer``: clipping and Adam's step (``algo.optim.GradientStep``);
+- ``core_bwd``, ``torso_bwd``: the loss's backward pass through the heads and the core, then through the CNN;
+- ``optimizer``: clipping and Adam's step (``algo.optim.GradientStep``);
 
 and ``infer[B]``, one ``PolicySnapshot.step`` of B slots (what the actors wait on). ``--set`` overrides the
 preset (``model.rnn=gru``); several ``--variant NAME:KEY=VALUE,...`` are timed in turn, interleaved per repeat,
 so that a change of the machine's load reaches every variant alike; the item ``+channels_last`` puts the CNN's
-weights in channels-last memory format.
+weights in channels-last memory format, ``+raw_frames`` gives the network the uint8 frames (a preset whose
+frames are not normalized) instead of the float32 copy the observation normalizer makes.
 
     PYTHONPATH=src:dev python -m lockstep_bench.profile_update --variant lstm: --variant gru:model.rnn=gru \\
         --variant lstm-nhwc:+channels_last
@@ -44,6 +46,8 @@ from lockstep.learner.rollout import Batch
 from lockstep.learner.trainer import Trainer
 
 CHANNELS_LAST = "+channels_last"  # a variant's item: the CNN in channels-last memory format (``torch.channels_last``)
+RAW_FRAMES = "+raw_frames"  # one that hands the model the uint8 frames (no float copy before the network's Scale)
+EXPERIMENTS = (CHANNELS_LAST, RAW_FRAMES)
 
 
 def synthetic_batch(shape: tuple[int, ...], actions: int, T: int, N: int, state_size: int, episode: int,
@@ -92,8 +96,9 @@ def parts(trainer: Trainer, batch: Batch) -> dict[str, float]:
         times["bootstrap"], _ = timed(lambda: model.states(obs, starts, state, cuts={T}))
     model.train()
     times["torso"], x = timed(lambda: model.torso(obs.reshape(T * N, *obs.shape[2:])))
+    features = x.detach().requires_grad_(True)  # the backward pass in two: the core's and heads', the CNN's
     torso = model.torso
-    model.torso = Features(x)
+    model.torso = Features(features)
     try:
         times["core"], (out, _) = timed(lambda: model.core(obs, starts, state))
     finally:
@@ -110,7 +115,8 @@ def parts(trainer: Trainer, batch: Batch) -> dict[str, float]:
     times["heads+loss"], loss = timed(heads_and_loss)
     step = GradientStep(model, trainer.optimizer, trainer.settings.max_grad_norm)
     step.zero()
-    times["backward"], _ = timed(loss.backward)
+    times["core_bwd"], _ = timed(loss.backward)
+    times["torso_bwd"], _ = timed(lambda: x.backward(features.grad))
 
     def optimizer() -> None:
         step.clip()
@@ -122,12 +128,14 @@ def parts(trainer: Trainer, batch: Batch) -> dict[str, float]:
 
 def variant(preset: str, sets: list[str], episode: int, seed: int) -> tuple[Trainer, Batch]:
     config = load(preset)
-    apply_sets(config, [s for s in sets if s != CHANNELS_LAST])
+    apply_sets(config, [s for s in sets if s not in EXPERIMENTS])
     observation = SpaceSpec.from_space(gym.spaces.Box(0, 255, (3, 72, 128), np.uint8))
     spec = EnvSpec(config.env.id, observation, action_spec(gym.spaces.Discrete(4)))
     trainer = Trainer(config, spec, torch.device("cpu"))
     if CHANNELS_LAST in sets:  # the CNN's weights in NHWC: each convolution's input follows them
         trainer.model.torso.to(memory_format=torch.channels_last)
+    if RAW_FRAMES in sets:  # the normalizer is off for frames: it only converts them to float32
+        trainer.normalizer = lambda: (lambda obs: obs)
     T, N = config.ppo.steps_per_env, config.actors.count * config.actors.envs_per_actor
     return trainer, synthetic_batch(observation.shape, 4, T, N, trainer.model.state_size, episode, seed)
 

@@ -13,14 +13,15 @@ steps ends one (ViZDoom's basic: up to 75 steps). Reports, as the median of ``--
 - ``core_bwd``, ``torso_bwd``: the loss's backward pass through the heads and the core, then through the CNN;
 - ``optimizer``: clipping and Adam's step (``algo.optim.GradientStep``);
 
-and ``infer[B]``, one ``PolicySnapshot.step`` of B slots (what the actors wait on). ``--set`` overrides the
-preset (``model.rnn=gru``); several ``--variant NAME:KEY=VALUE,...`` are timed in turn, interleaved per repeat,
-so that a change of the machine's load reaches every variant alike; the item ``+channels_last`` puts the CNN's
-weights in channels-last memory format, ``+raw_frames`` gives the network the uint8 frames (a preset whose
-frames are not normalized) instead of the float32 copy the observation normalizer makes.
+and ``infer[B]``, one ``PolicySnapshot.step`` of B slots (what the actors wait on). Several ``--variant
+NAME:KEY=VALUE,...`` (each a set of overrides of the preset, ``model.rnn=gru``) are timed in turn, interleaved per
+repeat, so that a change of the machine's load reaches every variant alike. Two items are no settings: ``+nchw``
+puts the CNN's weights back in the default NCHW layout (``learner.trainer.placed`` makes them channels-last on the
+CPU), ``+raw_frames`` gives the network the uint8 frames instead of the float32 copy that the observation
+normalizer makes (a preset whose frames are not normalized).
 
-    PYTHONPATH=src:dev python -m lockstep_bench.profile_update --variant lstm: --variant gru:model.rnn=gru \\
-        --variant lstm-nhwc:+channels_last
+    PYTHONPATH=src:dev python -m lockstep_bench.profile_update --variant gru: --variant lstm:model.rnn=lstm \\
+        --variant gru-nchw:+nchw --variant lstm-nchw:model.rnn=lstm,+nchw
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ from lockstep.envs.spaces import SpaceSpec, action_spec
 from lockstep.learner.rollout import Batch
 from lockstep.learner.trainer import Trainer
 
-CHANNELS_LAST = "+channels_last"  # a variant's item: the CNN in channels-last memory format (``torch.channels_last``)
+NCHW = "+nchw"  # a variant's item: the CNN's weights in the default layout, not the CPU's channels-last (``placed``)
 RAW_FRAMES = "+raw_frames"  # one that hands the model the uint8 frames (no float copy before the network's Scale)
-EXPERIMENTS = (CHANNELS_LAST, RAW_FRAMES)
+EXPERIMENTS = (NCHW, RAW_FRAMES)
 
 
 def synthetic_batch(shape: tuple[int, ...], actions: int, T: int, N: int, state_size: int, episode: int,
@@ -132,8 +133,8 @@ def variant(preset: str, sets: list[str], episode: int, seed: int) -> tuple[Trai
     observation = SpaceSpec.from_space(gym.spaces.Box(0, 255, (3, 72, 128), np.uint8))
     spec = EnvSpec(config.env.id, observation, action_spec(gym.spaces.Discrete(4)))
     trainer = Trainer(config, spec, torch.device("cpu"))
-    if CHANNELS_LAST in sets:  # the CNN's weights in NHWC: each convolution's input follows them
-        trainer.model.torso.to(memory_format=torch.channels_last)
+    if NCHW in sets:  # each convolution's input and output follow its weights' layout
+        trainer.model.to(memory_format=torch.contiguous_format)
     if RAW_FRAMES in sets:  # the normalizer is off for frames: it only converts them to float32
         trainer.normalizer = lambda: (lambda obs: obs)
     T, N = config.ppo.steps_per_env, config.actors.count * config.actors.envs_per_actor

@@ -10,10 +10,10 @@ added there is drawn here too) over a few small envs:
   model keys, a frozen one) or without one (refused by design: the kinds cannot share one network);
 - the features: the transports (shm, grpc, inprocess), ``actors.vector`` sync or async, ``actors.splits`` 2 (actor
   processes: the inprocess transport refuses it), the synchronization strategies (strict; pipelined and async with
-  ``sync.max_lag`` and ``ppo.vtrace``; ``sync.phase_cutoff``), observation and reward normalization, an LSTM (a
-  critic of its own or not), the critic's input, ``run.eval_every``, periodic checkpoints, the inference kernel;
-  the sizes (actors, envs, T, iterations, epochs, minibatches, hidden layers) drawn from small ranges, so that
-  every run is a few tiny iterations;
+  ``sync.max_lag`` and ``ppo.vtrace``; ``sync.phase_cutoff``), observation and reward normalization, a recurrent
+  core (an LSTM or a GRU, a critic of its own or not), the critic's input, ``run.eval_every``, periodic
+  checkpoints, the inference kernel; the sizes (actors, envs, T, iterations, epochs, minibatches, hidden layers)
+  drawn from small ranges, so that every run is a few tiny iterations;
 - then up to three fields of any section set again: inside the declared range, on its edge, just outside it,
   NaN, a value of the wrong type or a choice that is none. A setting that declares no range is drawn only
   from values known to be sensible (``SENSIBLE``): whether others are valid is not declared, so not tested.
@@ -227,7 +227,7 @@ def policies(draw) -> tuple[dict[str, Any], bool]:
         mapping["2pilots"] = mapping.pop("pilots")
     name = draw(st.sampled_from(sorted(mapping)))
     own = draw(st.sampled_from([{}, {"hidden": [4]}, {"activation": "relu"}, {"lstm_size": 4},
-                                {"critic_input": "global"}]))
+                                {"lstm_size": 4, "rnn": "gru"}, {"critic_input": "global"}]))
     if own:
         mapping[name]["model"] = own
     return mapping, shape in ("unmapped", "all-frozen", "bad-name")
@@ -250,6 +250,7 @@ def cases(draw, perturb: int = 3) -> Case:
                 "anneal_lr": draw(st.booleans()), "target_kl": draw(st.sampled_from([None, None, 0.05]))},
         "model": {"hidden": draw(st.sampled_from([[8], [4, 4], [16]])), "lstm_size": lstm,
                   "critic_lstm": bool(lstm) and draw(st.booleans()),
+                  "rnn": draw(st.sampled_from(["lstm", "gru"])) if lstm else "lstm",
                   "activation": draw(st.sampled_from(["tanh", "relu"]))},
         "learner": {"device": "cpu", "inference_kernel": draw(st.sampled_from(["auto", "torch"]))},
         "sync": {"strategy": draw(st.sampled_from(["strict", "pipelined", "async"]))},

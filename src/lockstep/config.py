@@ -45,6 +45,7 @@ EventLoop = Literal["auto", "asyncio", "uvloop"]
 InferenceKernel = Literal["auto", "torch"]
 ModelKind = Literal["auto", "mlp", "nature-cnn", "small-cnn"]
 Activation = Literal["tanh", "relu"]
+RecurrentCore = Literal["lstm", "gru"]
 CriticInput = Literal["own", "global"]
 ImageLayout = Literal["auto", "channels_first", "channels_last"]  # lockstep.envs.images.IMAGE_LAYOUTS
 SyncStrategy = Literal[SYNC_NAMES]  # the registry in lockstep.sync names the strategies
@@ -197,8 +198,11 @@ class ModelConfig:
                                   ge=-20, le=20)
     lstm_size: int = setting(0, "> 0: an LSTM of this size after the torso; the learner keeps each env slot's "
                                 "state", ge=0)
+    rnn: RecurrentCore = setting("lstm", "with model.lstm_size: the recurrent core, lstm (a slot's state is its h and "
+                                         "c, 2 x lstm_size floats) or gru (Sample Factory's: h alone, lstm_size "
+                                         "floats, fewer multiplications per step)")
     critic_lstm: bool = setting(False, "with model.lstm_size: the critic gets its own LSTM beside the actor's "
-                                       "(else they share one)")
+                                       "(else they share one); with model.rnn gru, its own GRU")
     critic_input: CriticInput = setting(
         "own", "what the critic reads: own (the agent's observation, as the actor) or global (a PettingZoo parallel "
                "env: also the env's global state and the agent's one-hot id, MAPPO's centralized critic; the actor "
@@ -477,6 +481,8 @@ class Config:
              "overlap them with: use actors.transport shm (or set actors.splits to 1)"),
             (not self.model.critic_lstm or self.model.lstm_size > 0,
              "model.critic_lstm gives the critic its own LSTM: it needs model.lstm_size > 0"),
+            (self.model.rnn == "lstm" or self.model.lstm_size > 0,
+             f"model.rnn {self.model.rnn} picks the recurrent core: it needs model.lstm_size > 0 (the core's size)"),
             (not self._global_critic() or _parallel_multiagent(self.env.id),
              f"model.critic_input global gives the critic a PettingZoo parallel env's global state; {self.env.id} "
              "is none: use model.critic_input own"),

@@ -49,6 +49,7 @@ FAMILIES = {
         "observation": {"dict": {"frame": {"box": [6, 5, 3], "dtype": "uint8"}, "v": {"box": [2]}}},
         "action": {"discrete": 3}}},
     "lstm-gaussian": {"env.id": "masked:Pendulum-v1", "env.normalize_obs": True, "model.lstm_size": 8},
+    "gru-critic": {"env.id": "masked:Pendulum-v1", "model.lstm_size": 8, "model.rnn": "gru", "model.critic_lstm": True},
     "lstm-dict": {"env.id": GENERATED, "model.lstm_size": 8, "model.critic_lstm": True, "env.action_mask_key": "ok",
                   "env.kwargs": {"observation": {"dict": {"v": {"box": [3]}, "d": {"discrete": 3}}},
                                  "action": {"multi_discrete": [2, 3]}, "mask": "ok", "length": 4}},

@@ -63,7 +63,7 @@ def test_only_the_keys_that_decide_what_the_parameters_mean_are_compared():
     changed.actors.count, changed.learner.device, changed.run.wandb = 8, "cpu", True
     checkpoint.check_resume(stored, dataclasses.asdict(changed), checkpoint.Path("iter_000001.pt"))
     for key, value in [("env.id", "Acrobot-v1"), ("env.clip_obs", 5.0), ("model.lstm_size", 16),
-                       ("model.activation", "relu")]:
+                       ("model.activation", "relu"), ("model.rnn", "gru")]:
         changed = Config()
         config_lib.set_value(changed, key, value)
         with pytest.raises(ConfigError, match=f"--resume: {key} is"):

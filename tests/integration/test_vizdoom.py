@@ -39,11 +39,11 @@ def _train_two_iterations(run_dir: Path, preset: str, transport: str) -> dict[st
         return {key: data[key] for key in data.files}
 
 
-def test_doom_basic_trains_on_rgb_frames_through_the_cnn_and_lstm_over_shared_memory(tmp_path):
+def test_doom_basic_trains_on_rgb_frames_through_the_cnn_and_gru_over_shared_memory(tmp_path):
     stored = _train_two_iterations(tmp_path / "basic", "doom-basic", "shm")
     frames = stored["obs"]
     assert frames.dtype == np.uint8 and frames.shape == (8, 2, 3, 72, 128) and frames.std() > 0
-    assert stored["initial_state"].shape == (2, 2 * 512)  # the LSTM's h and c of each slot
+    assert stored["initial_state"].shape == (2, 512)  # the GRU's h of each slot
     assert set(np.unique(stored["actions"])) <= {0, 1, 2, 3}
 
 

@@ -1,8 +1,8 @@
-"""Recurrent policies (LSTM), SEED-style: the learner keeps each env slot's state between requests.
+"""Recurrent policies (an LSTM or a GRU), SEED-style: the learner keeps each env slot's state between requests.
 
 Checked here: training recomputes exactly what inference computed (step by step, resets where episodes
 start); a session carries each slot's state across steps, resets it where an episode ended and starts
-from zeros for a new run id; a strict LSTM run passes the audit, which recomputes from the stored
+from zeros for a new run id; a strict LSTM (and GRU) run passes the audit, which recomputes from the stored
 initial states and catches a planted change; an LSTM learns a memory task that an MLP cannot.
 """
 
@@ -28,17 +28,23 @@ from lockstep.transport.messages import step_to_proto
 CARTPOLE = env_spec("CartPole-v1")
 
 
-def _policy(seed: int = 0, critic_lstm: bool = False) -> RecurrentPolicy:
+def _policy(seed: int = 0, critic_lstm: bool = False, rnn: str = "lstm") -> RecurrentPolicy:
     torch.manual_seed(seed)
     policy = build_policy(CARTPOLE.observation, CARTPOLE.action,
-                          ModelConfig(hidden=[16], lstm_size=8, critic_lstm=critic_lstm))
-    assert isinstance(policy, RecurrentPolicy) and policy.state_size == (32 if critic_lstm else 16)
+                          ModelConfig(hidden=[16], lstm_size=8, critic_lstm=critic_lstm, rnn=rnn))
+    width = 16 if critic_lstm else 8
+    # an LSTM's state is (h, c), a GRU's h alone
+    assert isinstance(policy, RecurrentPolicy) and policy.state_size == (2 * width if rnn == "lstm" else width)
     return policy.eval().requires_grad_(False)
 
 
-@pytest.mark.parametrize("critic_lstm", [False, True], ids=["shared-lstm", "critic-lstm"])
-def test_a_sequence_replays_the_single_steps_of_inference_with_resets(critic_lstm):
-    policy = _policy(critic_lstm=critic_lstm)
+CORES = pytest.mark.parametrize("rnn", ["lstm", "gru"])
+
+
+@CORES
+@pytest.mark.parametrize("critic_lstm", [False, True], ids=["shared", "critic-own"])
+def test_a_sequence_replays_the_single_steps_of_inference_with_resets(critic_lstm, rnn):
+    policy = _policy(critic_lstm=critic_lstm, rnn=rnn)
     T, B = 6, 3
     gen = torch.Generator().manual_seed(1)
     obs = torch.randn(T, B, 4, generator=gen)
@@ -61,13 +67,15 @@ def test_a_sequence_replays_the_single_steps_of_inference_with_resets(critic_lst
     torch.testing.assert_close(wrong[:, 1], logprob[:, 1], rtol=0, atol=1e-6)  # slot 1 never reset
 
 
-def test_with_a_critic_lstm_the_policy_loss_never_reaches_the_critics_memory_nor_the_value_loss_the_actors():
-    policy = _policy(critic_lstm=True).train().requires_grad_(True)
+@CORES
+def test_with_a_critic_core_the_policy_loss_never_reaches_the_critics_memory_nor_the_value_loss_the_actors(rnn):
+    policy = _policy(critic_lstm=True, rnn=rnn).train().requires_grad_(True)
     T, B = 5, 2
     obs, starts = torch.randn(T, B, 4), torch.zeros(T, B, dtype=torch.bool)
     actions = torch.randint(0, 2, (T, B))
     logprob, _, value = policy.evaluate(obs, actions, starts, torch.randn(B, policy.state_size))
-    lstms = [*policy.lstm.actor.parameters(), *policy.lstm.critic.parameters()]  # 4 tensors each
+    core = policy.get_submodule(rnn)
+    lstms = [*core.actor.parameters(), *core.critic.parameters()]  # 4 tensors each
 
     def moved(loss: torch.Tensor) -> list[bool]:
         grads = torch.autograd.grad(loss, lstms, retain_graph=True, allow_unused=True)
@@ -78,7 +86,7 @@ def test_with_a_critic_lstm_the_policy_loss_never_reaches_the_critics_memory_nor
     # the state's halves are the two LSTMs': changing the critic's half changes values, never log-probs
     state = torch.randn(B, policy.state_size)
     other = state.clone()
-    other[:, 8:16] += 1.0  # h of the critic's LSTM ([h_actor, h_critic, c_actor, c_critic], 8 units each)
+    other[:, 8:16] += 1.0  # h of the critic's core ([h_actor, h_critic], then an LSTM's [c_actor, c_critic]: 8 each)
     a = policy.evaluate(obs, actions, starts, state)
     b = policy.evaluate(obs, actions, starts, other)
     torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
@@ -94,6 +102,8 @@ def test_the_mlp_torso_the_cnns_and_the_lstm_are_chosen_from_the_config():
     assert nature.torso[-2].out_features == 512 and nature.state_size == 0
     assert build_policy(small, act, ModelConfig()).torso[-2].out_features == 128
     assert build_policy(small, act, ModelConfig(lstm_size=32)).state_size == 64
+    gru = build_policy(small, act, ModelConfig(lstm_size=32, rnn="gru"))
+    assert gru.state_size == 32 and isinstance(gru.gru, torch.nn.GRU) and not hasattr(gru, "lstm")
     with pytest.raises(ValueError, match="image observations"):
         build_policy(CARTPOLE.observation, act, ModelConfig(kind="nature-cnn"))
     frames = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
@@ -159,13 +169,13 @@ def _train(run_dir: Path, env: str, **overrides) -> Path:
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def lstm_cartpole(tmp_path_factory) -> Path:
-    """Strict CartPole with an LSTM, audited: 2 actors x 2 envs x 64 steps, 4 iterations (episodes end
-    inside unrolls, so states are reset mid-sequence)."""
-    return _train(tmp_path_factory.mktemp("lstm") / "run", "CartPole-v1", **{
-        "run.audit": True, "model.lstm_size": 16, "model.hidden": [16], "ppo.steps_per_env": 64,
-        "ppo.total_steps": 1024})
+@pytest.fixture(scope="module", params=["lstm", "gru"])
+def lstm_cartpole(tmp_path_factory, request) -> Path:
+    """Strict CartPole with an LSTM (or a GRU), audited: 2 actors x 2 envs x 64 steps, 4 iterations (episodes
+    end inside unrolls, so states are reset mid-sequence)."""
+    return _train(tmp_path_factory.mktemp(request.param) / "run", "CartPole-v1", **{
+        "run.audit": True, "model.lstm_size": 16, "model.rnn": request.param, "model.hidden": [16],
+        "ppo.steps_per_env": 64, "ppo.total_steps": 1024})
 
 
 def test_a_strict_lstm_run_passes_the_audit_from_its_stored_initial_states(lstm_cartpole):
@@ -173,8 +183,9 @@ def test_a_strict_lstm_run_passes_the_audit_from_its_stored_initial_states(lstm_
     assert report.exit_code == 0, audit.format_report(report)
     assert [it.samples for it in report.iterations] == [256] * 4
     assert all(it.max_abs_diff <= 1e-6 for it in report.iterations)
+    gru = "gru" in lstm_cartpole.parent.name
     with np.load(lstm_cartpole / "audit" / "batch_000002.npz") as data:
-        assert data["initial_state"].shape == (4, 32)
+        assert data["initial_state"].shape == (4, 16 if gru else 32)  # a GRU's state is h, an LSTM's (h, c)
         assert data["starts"].any()  # some episode began inside the unroll: the audit replayed a reset
         assert np.abs(data["initial_state"]).sum() > 0  # the second unroll starts from carried, non-zero states
 

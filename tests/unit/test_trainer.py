@@ -7,6 +7,8 @@ can be checked on paper.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -423,3 +425,53 @@ def test_vtrace_reports_the_fraction_of_valid_lagged_samples_whose_ratio_rho_bar
     again = vtrace_trainer(True, max_lag=2)
     again.load_state_dict(state)
     assert (again.vtrace_samples, again.vtrace_truncated) == (16, 6)
+
+
+# ---------------------------------------------------------------------------------------------
+# the CNN's memory layout on the CPU
+# ---------------------------------------------------------------------------------------------
+
+
+def _cnn_trainer() -> Trainer:
+    import gymnasium as gym
+
+    from lockstep.envs.spaces import action_spec
+
+    config = Config()
+    config.model.kind = "small-cnn"
+    observation = SpaceSpec.from_space(gym.spaces.Box(0, 255, (2, 6, 6), np.uint8))
+    return Trainer(config, EnvSpec("frames", observation, action_spec(gym.spaces.Discrete(3))), torch.device("cpu"))
+
+
+def _frames_batch(version: int) -> Batch:
+    rng = np.random.default_rng(3)
+    T, N = 4, 2
+    zeros = np.zeros((T, N), np.float32)
+    return Batch(version=version, members=(0,), slots_per_member=(N,),
+                 obs=rng.integers(0, 256, (T, N, 2, 6, 6), dtype=np.uint8), actions=rng.integers(0, 3, (T, N)),
+                 logprobs=np.full((T, N), -np.log(3), np.float32), values=zeros,
+                 rewards=rng.standard_normal((T, N)).astype(np.float32), terminated=zeros.astype(bool),
+                 truncated=zeros.astype(bool), versions=np.full((T, N), version, np.int64),
+                 bootstrap_obs=rng.integers(0, 256, (N, 2, 6, 6), dtype=np.uint8), lengths=np.full(N, T, np.int64))
+
+
+def test_on_the_cpu_the_cnn_trains_channels_last_and_a_checkpoints_moments_of_another_layout_are_aligned():
+    trainer = _cnn_trainer()
+    conv = trainer.model.torso[1].weight  # after the pixel scale
+    assert conv.dim() == 4 and conv.is_contiguous(memory_format=torch.channels_last)
+    trainer.train(_frames_batch(0))
+    saved = trainer.state_dict()
+    # the same checkpoint as a run with NCHW weights (a GPU's) saves it: every moment in the default layout
+    nchw = {**saved, "optimizer": {**saved["optimizer"], "state": {
+        i: {k: v.contiguous() if torch.is_tensor(v) else v for k, v in s.items()}
+        for i, s in saved["optimizer"]["state"].items()}}}
+    assert any(not torch.equal(torch.as_strided(v, (v.numel(),), (1,)), torch.as_strided(
+        nchw["optimizer"]["state"][i][k], (v.numel(),), (1,))) for i, s in saved["optimizer"]["state"].items()
+               for k, v in s.items() if torch.is_tensor(v) and v.dim() == 4)  # their memory orders differ
+    resumed = []
+    for state in (saved, nchw):
+        other = _cnn_trainer()
+        other.load_state_dict(copy.deepcopy(state))  # as torch.load gives it: the optimizer steps its tensors in place
+        other.train(_frames_batch(1))
+        resumed.append(torch.cat([p.detach().reshape(-1) for p in other.model.parameters()]))
+    torch.testing.assert_close(resumed[0], resumed[1], rtol=0, atol=0)  # each weight with its own moments

@@ -7,7 +7,7 @@ on the torsos of ``networks``, and ``build`` picks the one a config names.
 from lockstep.models.build import build_policy, load_factory, torso_kind
 from lockstep.models.feedforward import ActorCritic, LeafActorCritic, TorsoActorCritic
 from lockstep.models.policy import Policy
-from lockstep.models.recurrent import PairedLSTM, RecurrentPolicy
+from lockstep.models.recurrent import Paired, RecurrentPolicy
 
-__all__ = ["ActorCritic", "LeafActorCritic", "PairedLSTM", "Policy", "RecurrentPolicy", "TorsoActorCritic",
+__all__ = ["ActorCritic", "LeafActorCritic", "Paired", "Policy", "RecurrentPolicy", "TorsoActorCritic",
            "build_policy", "load_factory", "torso_kind"]

@@ -1,9 +1,9 @@
 """Which policy a config names: ``build_policy`` for the built-in family or a user's factory.
 
 An MLP for flat observations, the Nature CNN for Atari frames, a small CNN for MinAtar, per-leaf
-encoders and the MLPs for Dict and Tuple observations (``encoders``), each optionally followed by an
-LSTM (``model.lstm_size``); or ``model.policy``'s factory (``package.module:name`` or ``file.py:name``),
-found by ``load_factory``.
+encoders and the MLPs for Dict and Tuple observations (``encoders``), each optionally followed by a
+recurrent core (``model.lstm_size``; ``model.rnn``: an LSTM or a GRU); or ``model.policy``'s factory
+(``package.module:name`` or ``file.py:name``), found by ``load_factory``.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Pol
     else:
         raise ConfigError(f"unknown model.kind {kind!r}; kinds: {', '.join(setting_of('model.kind').choices)}")
     if model.lstm_size > 0:
-        return RecurrentPolicy(torso, width, model.lstm_size, action, model.init_log_std, model.critic_lstm)
+        return RecurrentPolicy(torso, width, model.lstm_size, action, model.init_log_std, model.critic_lstm,
+                               model.rnn)
     return TorsoActorCritic(torso, width, action, model.init_log_std)
 
 

@@ -31,7 +31,8 @@ def _train_two_iterations(run_dir: Path, preset: str, transport: str) -> dict[st
         rows = list(csv.DictReader(file))
     assert [int(row["env_steps"]) for row in rows] == [16, 32]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["off_policy_samples"] == 0
+    # the presets train pipelined: a sample may lag by one version, never more
+    assert summary["status"] == "completed" and summary["sync"] == "pipelined" and summary["policy_lag_max"] <= 1
     report = audit.check(run_dir)
     assert report.exit_code == 0 and report.differing == 0 and len(report.iterations) == 2, audit.format_report(
         report)

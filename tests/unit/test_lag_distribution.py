@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lockstep.learner.trainer import add_counts
-from lockstep.observe.metrics import lag_distribution
+from lockstep.observe.metrics import add_counts, lag_distribution
 
 
 def test_percentiles_and_the_share_at_the_bound_follow_the_counts():

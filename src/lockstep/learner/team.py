@@ -48,7 +48,8 @@ from lockstep.learner.backends import InferenceStats, SnapshotBackend
 from lockstep.learner.inference import InferenceResult
 from lockstep.learner.parts import DEFAULT_PARTS, Parts
 from lockstep.learner.rollout import Batch
-from lockstep.learner.trainer import OffPolicyError, Trainer, TrainStats, add_counts
+from lockstep.learner.trainer import OffPolicyError, Trainer, TrainStats
+from lockstep.observe.metrics import add_counts
 from lockstep.sync import Strategy
 from lockstep.transport.messages import check_action_mask
 from lockstep.transport.protocol import INVALID_ARGUMENT, Refused

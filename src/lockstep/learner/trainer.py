@@ -29,6 +29,7 @@ from lockstep.learner.distributed import Ranks
 from lockstep.learner.inference import PolicySnapshot
 from lockstep.learner.rollout import Batch
 from lockstep.models import build_policy
+from lockstep.observe.metrics import add_counts
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,6 @@ class TrainStats:
     skipped: bool = False  # no update: the batch held no valid sample (a policy whose agents had all left)
     vtrace_truncated: float | None = None  # ppo.vtrace: the fraction of the valid samples whose ratio ρ̄ truncated
     lag_counts: tuple[int, ...] = ()  # the valid samples of each lag 0, 1, ... (the lag's distribution)
-
-
-def add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Two histograms of lag (samples per lag 0, 1, ...) added, the shorter padded with zeros."""
-    total = np.zeros(max(len(a), len(b)), np.int64)
-    total[:len(a)] += a
-    total[:len(b)] += b
-    return total
 
 
 class RewardScaler:

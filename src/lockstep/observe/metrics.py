@@ -179,6 +179,14 @@ def _mean(values) -> float:
     return float(np.mean(values)) if len(values) else math.nan
 
 
+def add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two histograms of lag (samples per lag 0, 1, ...) added, the shorter padded with zeros."""
+    total = np.zeros(max(len(a), len(b)), np.int64)
+    total[:len(a)] += a
+    total[:len(b)] += b
+    return total
+
+
 def lag_distribution(counts: Sequence[int], bound: int | None) -> dict[str, float | int | None]:
     """The lag's distribution over one batch's samples (``counts[k]``: the samples of lag k) as metrics.csv's
     columns: its median and 90th percentile in versions, and the fraction of the samples at the strategy's bound

@@ -28,6 +28,7 @@ from lockstep.envs.spaces import ACTIVE_LEAF
 from lockstep.learner import checkpoint, team
 from lockstep.models import Policy, build_policy
 from lockstep.models.load import PolicyMismatch, load_policy
+from lockstep.observe.metrics import add_counts
 from lockstep.observe.run_dir import RunDir
 
 RELATIVE = 32 * float(np.finfo(np.float32).eps)  # of the terms' magnitude (module docstring): 3.8e-6
@@ -142,11 +143,10 @@ class AuditReport:
     @property
     def lag_counts(self) -> list[int]:
         """The samples of each lag 0, 1, ... over every iteration: the lag's distribution."""
-        total = [0] * max((len(it.lag_counts) for it in self.iterations), default=0)
+        total = np.zeros(0, np.int64)
         for it in self.iterations:
-            for lag, n in enumerate(it.lag_counts):
-                total[lag] += n
-        return total
+            total = add_counts(total, np.asarray(it.lag_counts, np.int64))
+        return total.tolist()
 
     @property
     def failed(self) -> bool:

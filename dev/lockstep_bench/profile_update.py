@@ -18,7 +18,9 @@ NAME:KEY=VALUE,...`` (each a set of overrides of the preset, ``model.rnn=gru``) 
 repeat, so that a change of the machine's load reaches every variant alike. Two items are no settings: ``+nchw``
 puts the CNN's weights back in the default NCHW layout (``learner.trainer.placed`` makes them channels-last on the
 CPU), ``+raw_frames`` gives the network the uint8 frames instead of the float32 copy that the observation
-normalizer makes (a preset whose frames are not normalized).
+normalizer makes (a preset whose frames are not normalized), ``+recompute`` drops the states the batch holds where
+values are bootstrapped (what inference left there), so that ``Trainer.train`` recomputes them with ``model.states``
+(the ``bootstrap`` part, timed on its own in every variant).
 
     PYTHONPATH=src:dev python -m lockstep_bench.profile_update --variant gru: --variant lstm:model.rnn=lstm \\
         --variant gru-nchw:+nchw --variant lstm-nchw:model.rnn=lstm,+nchw
@@ -48,7 +50,8 @@ from lockstep.learner.trainer import Trainer
 
 NCHW = "+nchw"  # a variant's item: the CNN's weights in the default layout, not the CPU's channels-last (``placed``)
 RAW_FRAMES = "+raw_frames"  # one that hands the model the uint8 frames (no float copy before the network's Scale)
-EXPERIMENTS = (NCHW, RAW_FRAMES)
+RECOMPUTE = "+recompute"  # one whose batch holds no recorded states: the update recomputes them (``bootstrap``)
+EXPERIMENTS = (NCHW, RAW_FRAMES, RECOMPUTE)
 
 
 def synthetic_batch(shape: tuple[int, ...], actions: int, T: int, N: int, state_size: int, episode: int,
@@ -63,7 +66,10 @@ def synthetic_batch(shape: tuple[int, ...], actions: int, T: int, N: int, state_
                  rewards=rng.standard_normal((T, N)).astype(np.float32), terminated=terminated,
                  truncated=np.zeros((T, N), bool), versions=np.zeros((T, N), np.int64),
                  bootstrap_obs=rng.integers(0, 256, (N, *shape), dtype=np.uint8), lengths=np.full(N, T, np.int64),
-                 initial_state=np.zeros((N, state_size), np.float32))
+                 initial_state=np.zeros((N, state_size), np.float32),
+                 # the states inference left after each slot's last step (a learner's batches hold them)
+                 bootstrap_state=rng.uniform(-1, 1, (N, state_size)).astype(np.float32),
+                 final_state=np.zeros((0, state_size), np.float32))
 
 
 class Features(torch.nn.Module):
@@ -138,7 +144,10 @@ def variant(preset: str, sets: list[str], episode: int, seed: int) -> tuple[Trai
     if RAW_FRAMES in sets:  # the normalizer is off for frames: it only converts them to float32
         trainer.normalizer = lambda: (lambda obs: obs)
     T, N = config.ppo.steps_per_env, config.actors.count * config.actors.envs_per_actor
-    return trainer, synthetic_batch(observation.shape, 4, T, N, trainer.model.state_size, episode, seed)
+    batch = synthetic_batch(observation.shape, 4, T, N, trainer.model.state_size, episode, seed)
+    if RECOMPUTE in sets:
+        batch.bootstrap_state = batch.final_state = None
+    return trainer, batch
 
 
 def infer(trainer: Trainer, batch: Batch, slots: int) -> float:

@@ -238,3 +238,46 @@ def test_an_async_run_passes_with_its_lag_distribution_and_a_planted_stale_sampl
     assert it.failures == ["1 sample(s) lag the version that trained them by more than max_lag 2 (lag up to 3)"]
     code, verdict = _audit_cli(run)
     assert code == 1 and verdict.startswith("FAIL") and f"iteration {late}" in verdict
+
+
+@pytest.fixture(scope="module")
+def recurrent_run(tmp_path_factory) -> Path:
+    """Pipelined K=1 CartPole with an LSTM, episodes cut at 12 steps (a truncation in most unrolls) and --audit:
+    2 actors x 2 envs x 16 steps, 6 iterations."""
+    run_dir = tmp_path_factory.mktemp("recurrent") / "run"
+    result = subprocess.run([
+        *lockstep_cmd(), "train", "--env", "CartPole-v1", "--env.kwargs", "{max_episode_steps: 12}",
+        "--set", "model.lstm_size=16", "--actors", "2", "--envs-per-actor", "2", "--steps-per-env", "16",
+        "--total-steps", str(2 * 2 * 16 * ITERATIONS), "--sync", "pipelined", "--max-lag", "1", "--seed", "3",
+        "--audit", "--no-progress", "--run-dir", str(run_dir),
+    ], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_the_states_values_were_bootstrapped_from_recompute_and_a_planted_one_fails(recurrent_run, tmp_path, capsys):
+    """The trainer bootstraps a recurrent policy's values from the states inference left after each slot's last
+    step and after each truncated episode's end (``Batch.after``): the audit recomputes every one of them with
+    the versions stamped on the slot's steps. A changed state, after a truncation or at a slot's end, fails."""
+    report = audit.check(recurrent_run)
+    trails = [np.load(recurrent_run / "audit" / f"batch_{it.iteration:06d}.npz") for it in report.iterations]
+    truncations = sum(len(data["final_n"]) for data in trails)
+    assert truncations > 0
+    assert report.states == ITERATIONS * 4 + truncations
+    assert not report.failed and sum(it.states_mismatched for it in report.iterations) == 0
+    code, _ = _verdict(recurrent_run, capsys)
+    assert code == 0
+
+    late = max(it.iteration for it, data in zip(report.iterations, trails) if len(data["final_n"]))
+    run = _copy(recurrent_run, tmp_path, "final")
+    with np.load(run / "audit" / f"batch_{late:06d}.npz") as data:
+        moved = data["final_state"][0, 0] + np.float32(1e-3)
+    _edit_batch(run, late, final_state=_put((0, 0), moved))
+    it = audit.check(run).iteration(late)
+    assert it.states_mismatched == 1 and it.differing == 0
+    assert it.failures == [f"1 of {it.states} bootstrapped state(s) that the versions stamped on their slots' "
+                           "steps do not recompute"]
+    run = _copy(recurrent_run, tmp_path, "last")
+    _edit_batch(run, late, bootstrap_state=_put((3, 5), 0.5))
+    code, verdict = _verdict(run, capsys)
+    assert code == 1 and f"iteration {late}" in verdict

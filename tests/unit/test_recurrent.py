@@ -19,6 +19,7 @@ from lockstep import config as config_lib
 from lockstep.config import ModelConfig
 from lockstep.envs import env_spec
 from lockstep.launch.local import train
+from lockstep.learner.rollout import Unroll, assemble
 from lockstep.models import RecurrentPolicy, build_policy
 from lockstep.tools import audit
 from lockstep.transport import lockstep_pb2 as pb
@@ -65,6 +66,52 @@ def test_a_sequence_replays_the_single_steps_of_inference_with_resets(critic_lst
     wrong, _, _ = policy.evaluate(obs, torch.stack(actions), torch.zeros_like(starts), initial)
     assert not torch.allclose(wrong[2:, 0], logprob[2:, 0], atol=1e-4)
     torch.testing.assert_close(wrong[:, 1], logprob[:, 1], rtol=0, atol=1e-6)  # slot 1 never reset
+
+
+@CORES
+def test_the_states_recorded_where_values_are_bootstrapped_are_those_a_forward_pass_recomputes(rnn):
+    """The trainer bootstraps from the states inference left (``Batch.after``) instead of a forward pass over the
+    whole batch: recorded as a session records them (after each slot's last step, and after a truncated episode's
+    end, before the reset), they sit where ``model.states`` puts the states it recomputes, and hold the same."""
+    policy = _policy(critic_lstm=True, rnn=rnn)
+    T, k = 6, 3
+    gen = torch.Generator().manual_seed(2)
+    obs = torch.randn(T, k, 4, generator=gen)
+    truncated = np.zeros((T, k), bool)
+    truncated[1, 0] = truncated[3, 2] = truncated[T - 1, 1] = True  # the last: a truncation at the slot's end
+    unroll = Unroll(0, k, T, (4,), np.dtype(np.float32), (), np.dtype(np.int64),
+                    initial_state=np.zeros((k, policy.state_size), np.float32))
+    state = torch.zeros(k, policy.state_size)
+    for t in range(T):
+        if t:  # the outcome of step t - 1 arrives with step t's observation, before the reset
+            ended = np.flatnonzero(truncated[t - 1])
+            unroll.record_outcome(t - 1, np.zeros(k), np.zeros(k, bool), truncated[t - 1], ended,
+                                  np.zeros((len(ended), 4), np.float32), state.numpy())
+            state = torch.where(torch.as_tensor(truncated[t - 1])[:, None], torch.zeros_like(state), state)
+        action, logprob, value, state = policy.step(obs[t], torch.full((k, 2), 0.5), state)
+        unroll.record_action(t, obs[t].numpy(), action.numpy(), logprob.numpy(), value.numpy(), 0)
+    ended = np.flatnonzero(truncated[T - 1])
+    unroll.record_outcome(T - 1, np.zeros(k), np.zeros(k, bool), truncated[T - 1], ended,
+                          np.zeros((len(ended), 4), np.float32), state.numpy())
+    unroll.finish(np.zeros((k, 4), np.float32), state.numpy())
+    batch = assemble(0, [unroll])
+    recorded = batch.after()  # [T, k, S]
+    recomputed = policy.states(obs, torch.as_tensor(batch.starts), torch.as_tensor(batch.initial_state),
+                               cuts={T}).numpy()
+    where = [(T - 1, n) for n in range(k)] + list(zip(batch.final_t.tolist(), batch.final_n.tolist()))
+    assert sorted(set(where)) == [(1, 0), (3, 2), (T - 1, 0), (T - 1, 1), (T - 1, 2)]
+    for t, n in where:
+        np.testing.assert_allclose(recorded[t, n], recomputed[t, n], rtol=0, atol=1e-6)
+    assert not np.allclose(recorded[1, 0], recorded[T - 1, 0])  # the reset after step 1 made them differ
+    # an unroll recorded without states (none given): the batch holds none, and the trainer recomputes them
+    plain = Unroll(1, k, T, (4,), np.dtype(np.float32), (), np.dtype(np.int64),
+                   initial_state=np.zeros((k, policy.state_size), np.float32))
+    for t in range(T):
+        plain.record_action(t, obs[t].numpy(), np.zeros(k, np.int64), np.zeros(k), np.zeros(k), 0)
+        plain.record_outcome(t, np.zeros(k), np.zeros(k, bool), np.zeros(k, bool), np.zeros(0, np.int64),
+                             np.zeros((0, 4), np.float32))
+    plain.finish(np.zeros((k, 4), np.float32))
+    assert assemble(0, [unroll, plain]).after() is None
 
 
 @CORES

@@ -23,7 +23,10 @@ batch_NNNNNN.npz    iteration N's training batch: obs [T, N, *obs], actions [T, 
                     trained_by (the version the update started from), strategy (the sync name),
                     max_lag (the strategy's bound on trained_by - version; -1: unbounded);
                     recurrent policies also: initial_state [N, S] (each slot's state at
-                    its first step), starts [T, N] (steps whose state was reset: an episode began);
+                    its first step), starts [T, N] (steps whose state was reset: an episode began),
+                    and the states inference left where values were bootstrapped: bootstrap_state
+                    [N, S] (after each slot's last step), final_t, final_n [M] and final_state
+                    [M, S] (after the step of each truncated episode's end);
                     a Dict or Tuple observation: obs/PATH [T, N, *leaf] for each leaf instead of obs
 config.yaml         the run's configuration (environment, model, synchronization)
 
@@ -66,6 +69,9 @@ class AuditWriter:
         # a feedforward policy's state holds no floats: its batches keep the format they always had
         has_state = batch.initial_state.shape[1] > 0
         recurrent = {"initial_state": batch.initial_state, "starts": batch.starts} if has_state else {}
+        if has_state and batch.bootstrap_state is not None:
+            recurrent.update(bootstrap_state=batch.bootstrap_state, final_t=batch.final_t, final_n=batch.final_n,
+                             final_state=batch.final_state)
         atomic_write(self.directory / f"batch_{iteration:06d}.npz", lambda f: np.savez_compressed(
             f, **observation_arrays(batch.obs), actions=batch.actions, logprobs=batch.logprobs, versions=batch.versions,
             lengths=batch.lengths, trained_by=np.int64(trained_by), strategy=np.str_(strategy.name),

@@ -44,8 +44,11 @@ class Unroll:
         self.terminated = np.zeros((T, k), dtype=bool)
         self.truncated = np.zeros((T, k), dtype=bool)
         self.versions = np.full((T, k), -1, dtype=np.int64)
-        self.final_obs: list[tuple[int, np.ndarray, np.ndarray]] = []  # (t, env indices, observations)
+        # (t, env indices, observations, states): each truncated episode's last observation, and the policy state
+        # after step t that its value is bootstrapped from
+        self.final_obs: list[tuple[int, np.ndarray, np.ndarray, np.ndarray | None]] = []
         self.bootstrap_obs: np.ndarray | None = None  # [k, *obs], the observation after step T-1
+        self.bootstrap_state: np.ndarray | None = None  # [k, S], the policy state after step T-1
         self.steps_acted = 0
         self.steps_completed = 0
 
@@ -64,17 +67,28 @@ class Unroll:
         self.steps_acted = t + 1
 
     def record_outcome(self, t: int, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                       final_index: np.ndarray, final_obs: np.ndarray) -> None:
+                       final_index: np.ndarray, final_obs: np.ndarray, state: np.ndarray | None = None) -> None:
+        """Step t's outcome; ``state`` [k, S] the slots' policy state after step t, as inference left it (none
+        given: the batch holds no states after steps, and the trainer recomputes those it bootstraps from)."""
         self.rewards[t] = reward
         self.terminated[t] = terminated
         self.truncated[t] = truncated
         if len(final_index):
-            self.final_obs.append((t, np.array(final_index, dtype=np.int64), np.array(final_obs)))
+            index = np.array(final_index, dtype=np.int64)
+            after = None if state is None else np.array(state[index], np.float32)
+            self.final_obs.append((t, index, np.array(final_obs), after))
         self.steps_completed = t + 1
 
-    def finish(self, bootstrap_obs: np.ndarray) -> None:
-        """The observation after the last step: T steps, or fewer when the phase cut stragglers short."""
+    def finish(self, bootstrap_obs: np.ndarray, state: np.ndarray | None = None) -> None:
+        """The observation after the last step (T steps, or fewer when the phase cut stragglers short), and
+        ``state`` [k, S] the policy state after it, as inference left it (``record_outcome``)."""
         self.bootstrap_obs = np.array(bootstrap_obs)
+        self.bootstrap_state = None if state is None else np.array(state, np.float32)
+
+    @property
+    def states_recorded(self) -> bool:
+        """Whether the states after its last step and before each truncation were recorded."""
+        return self.bootstrap_state is not None and all(after is not None for *_, after in self.final_obs)
 
     @property
     def complete(self) -> bool:
@@ -102,6 +116,10 @@ class Batch:
     final_n: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [M] slot of each truncation
     final_obs: np.ndarray | None = None  # [M, *obs] last observation of each truncated episode
     initial_state: np.ndarray | None = None  # [N, S] policy state at each slot's first step; none given: [N, 0]
+    # The policy states after the steps whose values are bootstrapped, as inference computed them (``after``):
+    # [N, S] after each slot's last step, [M, S] after each truncation's step; None: not recorded.
+    bootstrap_state: np.ndarray | None = None
+    final_state: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.initial_state is None:  # a feedforward policy's state holds no floats
@@ -114,6 +132,16 @@ class Batch:
         starts = np.zeros_like(self.terminated)
         starts[1:] = self.terminated[:-1] | self.truncated[:-1]
         return starts
+
+    def after(self) -> np.ndarray | None:
+        """[T, N, S] the recorded policy state after each step a value is bootstrapped from (each slot's last
+        step, each truncation's), zeros elsewhere; None where the batch does not hold them all."""
+        if self.bootstrap_state is None or self.final_state is None:
+            return None
+        after = np.zeros((self.num_steps, self.num_slots, self.initial_state.shape[1]), np.float32)
+        after[self.lengths - 1, np.arange(self.num_slots)] = self.bootstrap_state
+        after[self.final_t, self.final_n] = self.final_state  # a truncation at a slot's last step: the same state
+        return after
 
     @property
     def num_steps(self) -> int:
@@ -162,7 +190,12 @@ def assemble(version: int, unrolls: list[Unroll]) -> Batch:
         return np.concatenate([getattr(u, name) for u in unrolls], axis=1)
 
     offsets = np.cumsum([0] + [u.obs.shape[1] for u in unrolls])
-    finals = [(t, idx + off, obs) for u, off in zip(unrolls, offsets) for t, idx, obs in u.final_obs]
+    finals = [(t, idx + off, obs, after) for u, off in zip(unrolls, offsets) for t, idx, obs, after in u.final_obs]
+    bootstrap_state = final_state = None
+    if all(u.states_recorded for u in unrolls):
+        bootstrap_state = np.concatenate([u.bootstrap_state for u in unrolls], axis=0)
+        final_state = np.concatenate([np.zeros((0, unrolls[0].initial_state.shape[1]), np.float32),
+                                      *(after for *_, after in finals)], axis=0)
     obs_shape = unrolls[0].obs.shape[2:]
     return Batch(
         version=version,
@@ -173,12 +206,13 @@ def assemble(version: int, unrolls: list[Unroll]) -> Batch:
         versions=cat("versions"),
         bootstrap_obs=np.concatenate([u.bootstrap_obs for u in unrolls], axis=0),
         lengths=np.concatenate([np.full(u.obs.shape[1], u.steps_acted, np.int64) for u in unrolls]),
-        final_t=(np.concatenate([np.full(len(idx), t, np.int64) for t, idx, _ in finals]) if finals
+        final_t=(np.concatenate([np.full(len(idx), t, np.int64) for t, idx, _, _ in finals]) if finals
                  else np.zeros(0, np.int64)),
-        final_n=np.concatenate([idx for _, idx, _ in finals]) if finals else np.zeros(0, np.int64),
-        final_obs=(np.concatenate([obs for _, _, obs in finals], axis=0) if finals
+        final_n=np.concatenate([idx for _, idx, _, _ in finals]) if finals else np.zeros(0, np.int64),
+        final_obs=(np.concatenate([obs for _, _, obs, _ in finals], axis=0) if finals
                    else np.zeros((0, *obs_shape), dtype=unrolls[0].obs.dtype)),
         initial_state=np.concatenate([u.initial_state for u in unrolls], axis=0),
+        bootstrap_state=bootstrap_state, final_state=final_state,
     )
 
 

@@ -532,8 +532,10 @@ class Session:
         """Record the outcome of the previous action, then ask the gate (waiting while held)."""
         sessions = self.sessions
         if self.last_step is not None:
+            # self.state: the slots' state after that step (reset below, once admitted), which the values of
+            # truncated episodes' last observations are bootstrapped from
             self.unroll.record_outcome(self.last_step, data.reward, data.terminated, data.truncated,
-                                       data.final_index, data.final_obs)
+                                       data.final_index, data.final_obs, self.state)
         if self.counter > self.first_counter:
             sessions.counters.collected_steps += self.num_envs
         # Key (step counter, actor id): the order a single process stepping every slot would see, whatever
@@ -552,7 +554,7 @@ class Session:
         self._loop = asyncio.get_running_loop()  # where _release sends the admission
         result = sessions.gate.request(self.member, self._release)
         if result.completed is not None:
-            self.unroll.finish(data.obs)
+            self.unroll.finish(data.obs, self.state)
             sessions.phases.add(result.completed, self.unroll)
             self.unroll, self.last_step = None, None
         if result.closed:

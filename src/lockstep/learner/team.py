@@ -107,7 +107,7 @@ class PolicyView:
         where = np.full(batch.num_slots, -1)
         where[columns] = np.arange(len(columns))  # a column's place among this policy's
         final = where[batch.final_n] >= 0
-        state_size = batch.initial_state.shape[1]
+        own = min(batch.initial_state.shape[1], self.state_size)
         return Batch(
             version=batch.version, members=batch.members, slots_per_member=slots_per_member,
             obs=self.obs(batch.obs[:, columns]), actions=self.actions(batch.actions[:, columns]),
@@ -116,7 +116,9 @@ class PolicyView:
             versions=batch.versions[:, columns], bootstrap_obs=self.obs(batch.bootstrap_obs[columns]),
             lengths=batch.lengths[columns], final_t=batch.final_t[final], final_n=where[batch.final_n[final]],
             final_obs=self.obs(batch.final_obs[final]),
-            initial_state=batch.initial_state[columns][:, :min(state_size, self.state_size)],
+            initial_state=batch.initial_state[columns][:, :own],
+            bootstrap_state=None if batch.bootstrap_state is None else batch.bootstrap_state[columns][:, :own],
+            final_state=None if batch.final_state is None else batch.final_state[final][:, :own],
         )
 
 

@@ -257,8 +257,13 @@ class Trainer:
         traced: vtrace.VTrace | None = None
         with torch.no_grad():
             # [T, N, S] the state after each step that a value is bootstrapped from: every slot's last
-            # step (a cut at each slot's length) and each step before an episode start (truncations)
-            after = model.states(obs, starts, initial_state, cuts=set(batch.lengths.tolist()))
+            # step (a cut at each slot's length) and each step before an episode start (truncations). The states
+            # inference left there, where the batch holds them and GAE runs over the behaviour's values; else (and
+            # for V-trace, whose values are the trained policy's) recomputed: a forward pass over the whole batch,
+            # a quarter of a pixel policy's update (docs/performance.md#the-pixel-update)
+            recorded = None if self.config.uses_vtrace() else batch.after()
+            after = (as_t(recorded) if recorded is not None
+                     else model.states(obs, starts, initial_state, cuts=set(batch.lengths.tolist())))
 
             def value_after(o: np.ndarray, t: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
                 return model.value_after(normalize(as_tensors(o, dev)), after[t, n])

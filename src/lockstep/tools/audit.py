@@ -66,6 +66,9 @@ class IterationAudit:
     max_abs_diff: float = 0.0  # over the samples that could be recomputed
     missing: dict[int, int] = field(default_factory=dict)  # version without a policy file -> its samples
     problems: list[str] = field(default_factory=list)  # unreadable or inconsistent files, unknown strategy
+    # the recorded states that values were bootstrapped from (a recurrent policy's), recomputed like the log-probs
+    states: int = 0  # recomputed
+    states_mismatched: int = 0  # of ``states``: some |recomputed - stored| > tolerance + RELATIVE x (1 + |stored|)
 
     @property
     def lag_violations(self) -> int:
@@ -93,6 +96,9 @@ class IterationAudit:
         if self.snapshots and self.mismatched:
             found.append(f"{self.mismatched} sample(s) whose log-prob the version stamped on them does not "
                          f"recompute (max |diff| {self.max_abs_diff:.2e})")
+        if self.snapshots and self.states_mismatched:
+            found.append(f"{self.states_mismatched} of {self.states} bootstrapped state(s) that the versions "
+                         "stamped on their slots' steps do not recompute")
         if self.over_lag and self.max_lag == 0:
             found.append(f"{self.over_lag} sample(s) not produced by version {self.trained_by}, the version that "
                          f"trained them ({self.strategy} allows no lag)")
@@ -135,6 +141,11 @@ class AuditReport:
     @property
     def inactive(self) -> int:
         return sum(it.inactive for it in self.iterations)
+
+    @property
+    def states(self) -> int:
+        """Bootstrapped states recomputed (a recurrent policy's: each slot's last step, each truncation)."""
+        return sum(it.states for it in self.iterations)
 
     @property
     def off_version(self) -> int:
@@ -242,6 +253,12 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
             N = stored.shape[-1]
             initial_state = data["initial_state"] if "initial_state" in data.files else np.zeros((N, 0), np.float32)
             starts = data["starts"] if "starts" in data.files else np.zeros(stored.shape, bool)
+            # where values were bootstrapped: (steps, slots) and the states inference left there
+            bootstrapped = None
+            if "bootstrap_state" in data.files:
+                bootstrapped = (np.concatenate([lengths - 1, data["final_t"]]),
+                                np.concatenate([np.arange(N), data["final_n"]]),
+                                np.concatenate([data["bootstrap_state"], data["final_state"]]))
             result.trained_by, result.strategy = int(data["trained_by"]), str(data["strategy"])
             if "max_lag" in data.files:  # older trails have only the configured bound
                 max_lag = int(data["max_lag"])
@@ -267,7 +284,9 @@ def _check_batch(path: Path, iteration: int, policies: _Policies, spec: EnvSpec,
         result.problems.append(f"{path.name} lacks the recurrent states (initial_state [N, S] and starts [T, N]) "
                                "a recurrent policy's log-probs are recomputed from")
         return result
-    recomputed, magnitude = _recompute(obs, actions, stamps, valid, initial_state, starts, policies)
+    recomputed, magnitude, after = _recompute(obs, actions, stamps, valid, initial_state, starts, policies)
+    if bootstrapped is not None:
+        _check_states(result, after, *bootstrapped, tolerance)
     recomputed, magnitude = recomputed[valid], magnitude[valid]
     stored, stamps = stored[valid], stamps[valid]
     result.samples = int(stored.size)
@@ -321,11 +340,28 @@ def _observations(data: np.lib.npyio.NpzFile, spec: EnvSpec) -> np.ndarray:
     return records
 
 
+def _check_states(result: IterationAudit, after: np.ndarray, steps: np.ndarray, slots: np.ndarray,
+                  stored: np.ndarray, tolerance: float) -> None:
+    """Compare the states stored where values were bootstrapped, [M, S] after step ``steps`` [M] of slot
+    ``slots`` [M], with the states the audit recomputed there (``after`` [T, N, S]; NaN: unknown, not judged)."""
+    if stored.shape != (len(steps), after.shape[2]) or len(steps) != len(slots) or (
+            len(steps) and (steps.min() < 0 or steps.max() >= after.shape[0] or slots.max() >= after.shape[1])):
+        result.problems.append(f"its bootstrapped states ({stored.shape}) do not fit its steps and slots")
+        return
+    recomputed = after[steps, slots]  # [M, S]
+    known = ~np.isnan(recomputed).any(axis=1)
+    diff = np.abs(recomputed[known] - stored[known])
+    result.states += int(known.sum())
+    result.states_mismatched += int(np.count_nonzero(
+        (diff > tolerance + RELATIVE * (1.0 + np.abs(stored[known]))).any(axis=1)))
+
+
 def _recompute(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: np.ndarray,
-               initial_state: np.ndarray, starts: np.ndarray, policies: _Policies) -> tuple[np.ndarray, np.ndarray]:
-    """[T, N] log-probs recomputed step by step as inference computed them, and [T, N] the magnitude of their
-    terms (module docstring): from each slot's stored initial state ([N, 0] for a feedforward policy), reset
-    where an episode starts, each step by the version stamped on it.
+               initial_state: np.ndarray, starts: np.ndarray, policies: _Policies
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[T, N] log-probs recomputed step by step as inference computed them, [T, N] the magnitude of their
+    terms (module docstring), and [T, N, S] the state after each step: from each slot's stored initial state
+    ([N, 0] for a feedforward policy), reset where an episode starts, each step by the version stamped on it.
 
     NaN where a step cannot be recomputed: its version has no policy (or an unusable one), or an earlier
     step of its slot had none, so the (non-empty) state it was acted with is unknown."""
@@ -333,6 +369,7 @@ def _recompute(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: 
     state = torch.as_tensor(initial_state, dtype=torch.float32)  # [N, S]
     known = np.ones(N, bool)
     out, magnitude = np.full((T, N), np.nan), np.zeros((T, N))
+    states = np.full((T, *state.shape), np.nan, np.float32)  # [T, N, S]
     with torch.inference_mode():
         for t in range(T):
             state = state * torch.as_tensor(~starts[t], dtype=torch.float32)[:, None]
@@ -349,7 +386,8 @@ def _recompute(obs: np.ndarray, actions: np.ndarray, stamps: np.ndarray, valid: 
                 state[idx] = after
                 out[t, rows & known] = logprob.numpy()[known[rows]]
                 magnitude[t, rows] = size.numpy()
-    return out, magnitude
+            states[t, known] = state.numpy()[known]
+    return out, magnitude, states
 
 
 def check(run_dir: Path, tolerance: float = 1e-5, policy: str | None = None) -> AuditReport:
@@ -451,6 +489,9 @@ def format_report(report: AuditReport) -> str:
     if report.opponent_moves:
         lines.append(f"self-play: {report.opponent_moves} opponent moves were inference only: none is in any batch "
                      "(absent, not off-policy); every sample above is a learning player's move")
+    if report.states:
+        mismatched = sum(it.states_mismatched for it in report.iterations)
+        lines.append(f"{report.states} states that values were bootstrapped from recomputed, {mismatched} differing")
     if report.inactive:
         lines.append(f"{report.inactive} of the samples are steps of agents that had left their episode: recorded "
                      "and recomputed, never trained on (agent_active 0)")

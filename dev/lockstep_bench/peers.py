@@ -407,6 +407,7 @@ def run(options: PeersOptions, out: Path, command: str) -> dict[str, Any]:
         "loadavg_at_start": load_at_start,
         "elapsed_s": round(time.perf_counter() - began, 1),
     }
+    report["figures"] = peers_sf.draw_curves(out, runs)
     (out / "peers.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "peers.md").write_text(markdown(report))
     return report
@@ -466,6 +467,9 @@ def markdown(report: dict[str, Any]) -> str:
         "is Hopper-v4 (its gymnasium 0.29); the lockstep preset runs Hopper-v5.",
     ]
     lines += [peers_sf.NOTE] if sample_factory else []
+    lines += ["", "Curves: " + ", ".join(f"![{name}]({name})" for name in report["figures"])
+              + " (each side's mean and min-max over its seeds; Sample Factory's seconds from its first report)."
+              ] if report.get("figures") else []
     failed = [r for r in report["runs"] if r["error"]]
     if failed:
         lines += ["", "Failures:", ""] + [f"- {r['workload']} seed {r['seed']} {r['side']}: {r['error']}"

@@ -81,6 +81,8 @@ class SfOutput:
 
     frames: list[tuple[float, int]] = field(default_factory=list)  # (stamp, total frames) of each Fps line
     rewards: list[float] = field(default_factory=list)  # each "Avg episode reward" (its last stats_avg episodes)
+    # the learning curve: (stamp, total frames, reward) of each reward with the Fps report printed before it
+    curve: list[tuple[float, int, float]] = field(default_factory=list)
     collected: int | None = None  # the frames of its closing "Collected" line
     main_loop_fps: float | None = None  # that line's FPS: frames over its main loop's seconds
 
@@ -93,6 +95,8 @@ class SfOutput:
                 self.frames.append((when, int(m.group(1))))
         elif m := REWARD_LINE.search(line):
             self.rewards.append(float(m.group(1)))
+            if self.frames:
+                self.curve.append((*self.frames[-1], float(m.group(1))))
         elif m := COLLECTED_LINE.search(line):
             self.collected, self.main_loop_fps = int(m.group(1)), float(m.group(2))
 
@@ -130,6 +134,7 @@ def run_sf(workload: Workload, seed: int, steps: int, python: str, work: Path, t
     if output.collected is None:
         row["error"] = row["error"] or f"no 'Collected' line in its output; see {log_path}"
         return row
+    write_curve(work / CURVE, output, workload)
     agent_steps = output.collected // workload.frameskip
     steady = output.steady_frames_per_s()
     row.update(env_steps=agent_steps, process_steps_per_s=round(agent_steps / process_s, 1),
@@ -138,6 +143,57 @@ def run_sf(workload: Workload, seed: int, steps: int, python: str, work: Path, t
                steady_steps_per_s=None if steady is None else round(steady / workload.frameskip, 1),
                final_return=round(output.rewards[-1] * workload.reward_scale, 2) if output.rewards else None)
     return row
+
+
+CURVE = "curve.csv"  # a run's learning curve, beside its log
+
+
+def write_curve(path: Path, output: SfOutput, workload: Workload) -> None:
+    """The run's curve in metrics.csv's columns (``lockstep.observe.plot`` reads both): agent steps (its frames /
+    frameskip), seconds since its first report (its runner's start), the mean of its last 20 returns (unscaled);
+    the reports before its first finished episode (a NaN reward) left out."""
+    start = output.frames[0][0] if output.frames else 0.0
+    lines = ["env_steps,wall_s,episode_return_mean20"]
+    lines += [f"{frames // workload.frameskip},{stamp - start:.3f},{reward * workload.reward_scale:g}"
+              for stamp, frames, reward in output.curve if reward == reward]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def read_curve(path: Path, name: str) -> Any:
+    """A curve written by ``write_curve``, as ``lockstep.observe.plot`` draws it."""
+    import numpy as np
+
+    from lockstep.observe import plot
+
+    table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2).reshape(-1, 3)
+    return plot.Curve(name, table[:, 0], table[:, 1], table[:, 2])
+
+
+def draw_curves(out: Path, runs: list[dict[str, Any]]) -> list[str]:
+    """``learning-NAME.png`` for each Sample Factory workload: both sides' mean and min-max over their seeds, against
+    agent steps and seconds since training started. The file names written; none without matplotlib."""
+    from lockstep.observe import plot
+
+    written = []
+    for name in dict.fromkeys(r["workload"] for r in runs if r["side"] == "samplefactory"):
+        done = [r for r in runs if r["workload"] == name and not r["error"]]
+        sides = {"samplefactory": [], "lockstep": []}
+        for r in done:
+            base = out / "runs" / f"{name}-s{r['seed']}-{r['side']}"
+            curve = (read_curve(base / CURVE, base.name) if r["side"] == "samplefactory"
+                     else plot.read_curve(base))
+            if len(curve.values):
+                sides[r["side"]].append(curve)
+        groups = [plot.Group(label, sides[side], unit="seeds") for side, label in
+                  (("samplefactory", f"Sample Factory {SF_VERSION}"), ("lockstep", "lockstep")) if sides[side]]
+        try:
+            path = plot.draw(groups, out / f"learning-{name}.png", f"{name}: lockstep and Sample Factory",
+                             ylabel="return (mean of the last 20 episodes)")
+        except (plot.PlotUnavailable, ValueError) as err:  # no matplotlib, or curves that do not overlap
+            print(f"[peers] no curves for {name}: {err}", flush=True)
+            continue
+        written.append(path.name)
+    return written
 
 
 NOTE = ("\nSample Factory: env steps are agent steps (policy decisions), its frames / env_frameskip; it stops at "

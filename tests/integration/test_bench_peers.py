@@ -174,3 +174,6 @@ def test_sample_factory_like_and_lockstep_runs_end_at_equal_agent_steps(tmp_path
     md = (out / "peers.md").read_text()
     assert "| breakout-sf (sf_examples.atari.train_atari atari_breakout / breakout) | 1,024 |" in md
     assert "Sample Factory 2.1.1" not in md and str(wrapper) in md
+    # both sides' learning curves, drawn from the peer's reports and lockstep's metrics.csv
+    assert report["figures"] == ["learning-breakout-sf.png"] and (out / "learning-breakout-sf.png").stat().st_size
+    assert "![learning-breakout-sf.png](learning-breakout-sf.png)" in md

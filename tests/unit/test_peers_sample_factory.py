@@ -50,6 +50,8 @@ def test_sample_factorys_coloured_log_is_read_by_its_own_time_stamps():
     assert output.rewards == [-1.483, -1.445, -0.52]
     assert (output.collected, output.main_loop_fps) == (16384, 431.6)
     assert output.steady_frames_per_s() == pytest.approx(4096 / 5.0)  # first report with frames to the last
+    # each reward with the report before it: the curve, from frames 0 on
+    assert [(frames, reward) for _, frames, reward in output.curve] == [(0, -1.483), (8192, -1.445), (12288, -0.52)]
 
 
 def test_fewer_than_two_reports_with_frames_give_no_steady_rate():
@@ -71,6 +73,10 @@ def test_a_run_counts_agent_steps_and_undoes_the_reward_scaling(tmp_path, monkey
     assert row["env_steps"] == 4096 and row["env_steps_per_s"] == 107.9 and row["steady_steps_per_s"] == 204.8
     assert row["final_return"] == -52.0 and row["process_steps_per_s"] > 0
     assert "'--train_for_env_steps=8000'" in (tmp_path / "run" / "stdout.log").read_text()
+    # its curve in agent steps, seconds since its first report and unscaled returns, as plot reads a run's
+    curve = peers_sf.read_curve(tmp_path / "run" / peers_sf.CURVE, "sf")
+    assert curve.env_steps.tolist() == [0, 2048, 3072] and curve.values.tolist() == [-148.3, -144.5, -52.0]
+    assert curve.wall_s.tolist() == pytest.approx([6.797, 11.762, 16.762])
     (modules / "fake_sf.py").write_text(f"import sys\nsys.stdout.write({CAPTURED[:600]!r})\nsys.exit(3)\n")
     row = peers_sf.run_sf(workload, 3, 2000, sys.executable, tmp_path / "run", 60.0, 1, "cpu")
     assert row["error"].startswith("exit code 3") and row["env_steps"] is None

@@ -90,6 +90,9 @@ class EnvConfig:
                 "other two", flag="--image-layout")
     normalize_obs: bool = setting(False, "keep a running mean/std of observations (of each Box leaf that is not "
                                          "a uint8 image), part of the policy snapshot")
+    normalize_images: bool = setting(
+        False, "with normalize_obs, a uint8 image observation too: each pixel by its own running mean/std (Sample "
+               "Factory's normalize_input), the CNN taking the normalized values instead of the bytes / 255")
     normalize_reward: bool = setting(False, "scale rewards by the std of the discounted return")
     clip_obs: float = setting(10.0, "clip observations to this magnitude after normalization", gt=0)
     clip_reward: float = setting(10.0, "clip rewards to this magnitude after scaling", gt=0)
@@ -465,6 +468,9 @@ class Config:
             (self.learner.event_loop != "uvloop" or importlib.util.find_spec("uvloop") is not None,
              "learner.event_loop is uvloop, but the uvloop package is not installed: pip install 'lockstep[fast]' "
              "(Linux and macOS), or use learner.event_loop asyncio"),
+            (not self.env.normalize_images or self.env.normalize_obs,
+             "env.normalize_images normalizes image observations with the running statistics of env.normalize_obs: "
+             "set env.normalize_obs true too"),
             (not self.env.agent_id or _parallel_multiagent(self.env.id),
              f"env.agent_id adds an agent index to a PettingZoo parallel env's observations; {self.env.id} is none"),
             (self.actors.vector == "sync" or self.actors.transport != "inprocess" or self.actors.launcher == "ray",

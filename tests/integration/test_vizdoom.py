@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import lockstep_cmd
 
+from lockstep.learner import checkpoint
 from lockstep.tools import audit
 
 pytestmark = pytest.mark.slow
@@ -46,6 +47,10 @@ def test_doom_basic_trains_on_rgb_frames_through_the_cnn_and_gru_over_shared_mem
     assert frames.dtype == np.uint8 and frames.shape == (8, 2, 3, 72, 128) and frames.std() > 0
     assert stored["initial_state"].shape == (2, 512)  # the GRU's h of each slot
     assert set(np.unique(stored["actions"])) <= {0, 1, 2, 3}
+    # the preset normalizes each pixel (env.normalize_images): the checkpoint keeps a mean and variance per pixel,
+    # fitted to the frames trained on, and the audit above recomputed every log-prob through them
+    mean = checkpoint.load(tmp_path / "basic" / "checkpoints" / "final.pt")["trainer"]["obs_rms"]["mean"]
+    assert mean.shape == (3, 72, 128) and 0 < mean.min() < mean.max() < 255
 
 
 def test_doom_health_sends_its_health_beside_the_screen_over_grpc(tmp_path):

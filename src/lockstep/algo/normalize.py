@@ -10,6 +10,8 @@ import torch
 
 from lockstep.envs import SpaceSpec
 
+FRAME_SAMPLE = 256  # frames of a batch whose moments update the statistics of a normalized image observation
+
 
 class RunningMeanStd:
     """Running mean and variance over batches (Chan et al.'s parallel update), float64."""
@@ -20,6 +22,15 @@ class RunningMeanStd:
         self.count = epsilon
 
     def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x)
+        if x.dtype == np.uint8:  # frames (env.normalize_images): their moments in torch's float32, from at most
+            # FRAME_SAMPLE of them evenly spaced (a batch of 1,024 frames in numpy's float64: half a second)
+            x = x.reshape(-1, *self.mean.shape)
+            x = x[::max(1, len(x) // FRAME_SAMPLE)]
+            if len(x):
+                var, mean = torch.var_mean(torch.from_numpy(x).float(), dim=0, correction=0)
+                self.update_moments(mean.double().numpy(), var.double().numpy(), x.shape[0])
+            return
         x = np.asarray(x, np.float64).reshape(-1, *self.mean.shape)
         if len(x):
             self.update_moments(x.mean(0), x.var(0), x.shape[0])
@@ -67,9 +78,10 @@ class LeafStatistics:
             rms.load_state_dict(state["leaves"][path])
 
 
-def normalized(leaf: SpaceSpec) -> bool:
-    """Whether observation normalization applies to a leaf: Box leaves but uint8 images."""
-    return leaf.kind == "box" and not leaf.image
+def normalized(leaf: SpaceSpec, images: bool = False) -> bool:
+    """Whether observation normalization applies to a leaf: Box leaves but uint8 images (``images``: those
+    too, ``env.normalize_images``)."""
+    return leaf.kind == "box" and (images or not leaf.image)
 
 
 def observation_statistics(observation: SpaceSpec) -> RunningMeanStd | LeafStatistics:

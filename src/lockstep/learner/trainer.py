@@ -173,13 +173,20 @@ class Trainer:
         self.vtrace_samples = 0  # ppo.vtrace: the valid samples V-trace weighed, run-long ...
         self.vtrace_truncated = 0  # ... and those whose ratio ρ̄ truncated
         torch.manual_seed(config.run.seed)
-        self.model = placed(build_policy(spec.observation, spec.action, config.model), device)
+        images = config.env.normalize_images  # the CNN then takes normalized pixels, not bytes
+        if images and spec.observation.tree:
+            raise ConfigError("env.normalize_images normalizes a flat image observation; a Dict or Tuple "
+                              f"observation's image leaves ({spec.observation.describe()}) are scaled by their "
+                              "encoders: leave it false")
+        self.model = placed(build_policy(spec.observation, spec.action, config.model, normalized_images=images),
+                            device)
         if ranks is not None:
             ranks.broadcast(self.model)
         self.optimizer = adam(list(self.model.parameters()), config.ppo.lr, config.ppo.adam_eps)
         self.spec = spec
-        # a flat observation is normalized where a tree's leaf of its kind would be: a Box, not an image
-        normalizable = spec.observation.tree or normalized(spec.observation)
+        # a flat observation is normalized where a tree's leaf of its kind would be: a Box, not an image (unless
+        # env.normalize_images: each pixel by its own moments)
+        normalizable = spec.observation.tree or normalized(spec.observation, images)
         self.obs_rms = observation_statistics(spec.observation) if config.env.normalize_obs and normalizable else None
         self.reward_scaler = (RewardScaler(config.ppo.gamma, config.env.clip_reward, self._update_rms)
                               if config.env.normalize_reward else None)

@@ -38,15 +38,17 @@ def torso_kind(observation: SpaceSpec, kind: str) -> str:
     return "mlp"
 
 
-def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Policy:
+def build_policy(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig,
+                 normalized_images: bool = False) -> Policy:
     """The policy the config names, for these spaces: ``model.policy``'s factory, or the built-in family;
-    either masks its actions with the observation's action mask, if it has one."""
-    policy = _build(observation, action, model)
+    either masks its actions with the observation's action mask, if it has one. ``normalized_images``
+    (``env.normalize_images``): a flat image observation arrives normalized, so the CNN does not scale it."""
+    policy = _build(observation, action, model, normalized_images)
     policy.action_mask = observation.mask
     return policy
 
 
-def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Policy:
+def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig, normalized_images: bool) -> Policy:
     if model.policy:
         policy = load_factory(model.policy)(observation, action, model)
         if not isinstance(policy, Policy):
@@ -72,7 +74,8 @@ def _build(observation: SpaceSpec, action: SpaceSpec, model: ModelConfig) -> Pol
             raise ConfigError(f"model.kind {kind} needs image observations [C, H, W] of at least {MIN_IMAGE_SIDE}x"
                              f"{MIN_IMAGE_SIDE} pixels, got shape {observation.shape}; model.kind mlp takes any")
         make = nature_cnn if kind == "nature-cnn" else small_cnn
-        torso, width = make(observation.shape[0], tuple(observation.shape[1:]), pixel_scale(observation))
+        scale = 1.0 if normalized_images else pixel_scale(observation)
+        torso, width = make(observation.shape[0], tuple(observation.shape[1:]), scale)
     elif kind == "mlp":
         if model.lstm_size == 0:
             return ActorCritic(observation, action, model.hidden, model.activation, model.init_log_std)

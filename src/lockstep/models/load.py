@@ -28,7 +28,7 @@ def load_policy(config: Config, observation: SpaceSpec, action: SpaceSpec, param
                 source: str) -> tuple[Policy, ObsNormalizer]:
     """The config's network with ``parameters`` (a state dict read from ``source``), frozen for inference,
     and its normalizer (identity when ``obs_mean`` is None). Raises ``PolicyMismatch`` naming ``source``."""
-    model = build_policy(observation, action, config.model).to(device)
+    model = build_policy(observation, action, config.model, config.env.normalize_images).to(device)
     try:
         model.load_state_dict(parameters)
     except RuntimeError as err:

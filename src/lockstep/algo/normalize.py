@@ -147,4 +147,6 @@ class ObsNormalizer:
         return self._normalize(obs, self.mean, self.scale)
 
     def _normalize(self, obs: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return ((obs.float() - mean) * scale).clamp(-self.clip, self.clip)
+        # the same operations as ((obs - mean) * scale).clamp(...), in place on the one new tensor: a batch of frames
+        # is 28M floats, and each temporary of them costs a pass over memory
+        return (obs.float() - mean).mul_(scale).clamp_(-self.clip, self.clip)

@@ -110,6 +110,8 @@ class Scale(nn.Module):
         self.factor = factor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.factor == 1.0:  # MinAtar's {0, 1} grids, normalized frames: no pass over them for nothing
+            return x.float()
         return x.float() * self.factor
 
 

@@ -22,18 +22,17 @@ class RunningMeanStd:
         self.count = epsilon
 
     def update(self, x: np.ndarray) -> None:
-        x = np.asarray(x)
+        x = np.asarray(x).reshape(-1, *self.mean.shape)
+        if not len(x):
+            return
         if x.dtype == np.uint8:  # frames (env.normalize_images): their moments in torch's float32, from at most
             # FRAME_SAMPLE of them evenly spaced (a batch of 1,024 frames in numpy's float64: half a second)
-            x = x.reshape(-1, *self.mean.shape)
             x = x[::max(1, len(x) // FRAME_SAMPLE)]
-            if len(x):
-                var, mean = torch.var_mean(torch.from_numpy(x).float(), dim=0, correction=0)
-                self.update_moments(mean.double().numpy(), var.double().numpy(), x.shape[0])
-            return
-        x = np.asarray(x, np.float64).reshape(-1, *self.mean.shape)
-        if len(x):
-            self.update_moments(x.mean(0), x.var(0), x.shape[0])
+            var, mean = torch.var_mean(torch.from_numpy(x).float(), dim=0, correction=0)
+            self.update_moments(mean.double().numpy(), var.double().numpy(), len(x))
+        else:
+            x = x.astype(np.float64, copy=False)
+            self.update_moments(x.mean(0), x.var(0), len(x))
 
     def update_moments(self, batch_mean: np.ndarray, batch_var: np.ndarray, n: int) -> None:
         """Fold in a batch of ``n`` rows given by its mean and (population) variance."""

@@ -13,6 +13,8 @@ steps ends one (ViZDoom's basic: up to 75 steps). Reports, as the median of ``--
 - ``core_bwd``, ``torso_bwd``: the loss's backward pass through the heads and the core, then through the CNN;
 - ``optimizer``: clipping and Adam's step (``algo.optim.GradientStep``);
 
+(a feedforward policy, ``--preset breakout --frames 4,84,84``: the whole update and ``to_float`` only)
+
 and ``infer[B]``, one ``PolicySnapshot.step`` of B slots (what the actors wait on). Several ``--variant
 NAME:KEY=VALUE,...`` (each a set of overrides of the preset, ``model.rnn=gru``) are timed in turn, interleaved per
 repeat, so that a change of the machine's load reaches every variant alike. Two items are no settings: ``+nchw``
@@ -96,6 +98,8 @@ def parts(trainer: Trainer, batch: Batch) -> dict[str, float]:
     times: dict[str, float] = {}
     normalize = trainer.normalizer()
     times["to_float"], obs = timed(lambda: normalize(as_tensors(batch.obs, dev)))
+    if not hasattr(model, "core"):  # a feedforward policy: its update is timed whole
+        return times
     starts = batch.starts
     state = torch.as_tensor(batch.initial_state)
     actions = torch.as_tensor(batch.actions)
@@ -133,10 +137,11 @@ def parts(trainer: Trainer, batch: Batch) -> dict[str, float]:
     return times
 
 
-def variant(preset: str, sets: list[str], episode: int, seed: int) -> tuple[Trainer, Batch]:
+def variant(preset: str, sets: list[str], episode: int, seed: int,
+            frames: tuple[int, ...] = (3, 72, 128)) -> tuple[Trainer, Batch]:
     config = load(preset)
     apply_sets(config, [s for s in sets if s not in EXPERIMENTS])
-    observation = SpaceSpec.from_space(gym.spaces.Box(0, 255, (3, 72, 128), np.uint8))
+    observation = SpaceSpec.from_space(gym.spaces.Box(0, 255, frames, np.uint8))
     spec = EnvSpec(config.env.id, observation, action_spec(gym.spaces.Discrete(4)))
     trainer = Trainer(config, spec, torch.device("cpu"))
     if NCHW in sets:  # each convolution's input and output follow its weights' layout
@@ -167,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--episode", type=int, default=50, help="mean episode length in steps")
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME:KEY=VALUE,... a variant of the preset (default: the preset as it is)")
+    parser.add_argument("--frames", default="3,72,128",
+                        help="C,H,W of the uint8 frames (doom-basic's 3,72,128; breakout's 4,84,84)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", default="", help="write the medians here as JSON")
     args = parser.parse_args(argv)
@@ -175,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     variants = {}
     for item in args.variant or [":"]:
         name, _, sets = item.partition(":")
-        variants[name or "preset"] = variant(args.preset, [s for s in sets.split(",") if s], args.episode, 0)
+        variants[name or "preset"] = variant(args.preset, [s for s in sets.split(",") if s], args.episode, 0,
+                                             tuple(int(n) for n in args.frames.split(",")))
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in variants}
     for _ in range(args.repeats + 1):  # the first round warms up and is dropped
         for name, (trainer, batch) in variants.items():

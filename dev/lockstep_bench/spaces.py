@@ -9,7 +9,8 @@ hypothesis strategies below) is a small env of ``lockstep.envs.generated`` in ge
   MultiDiscrete or MultiBinary leaf, or a Dict or Tuple of them nested up to 3 deep;
 - the action: a Discrete, MultiDiscrete, MultiBinary or Box, or a one-level Dict or Tuple of them;
 - an action mask under a generated key or none, ``env.obs_keys`` or none, ``env.normalize_obs`` on or off,
-  ``learner.inference_kernel`` auto (numpy where it applies) or torch, eval's sampled or deterministic play;
+  ``learner.inference_kernel`` auto (numpy where it applies) or torch, ``learner.update_precision`` (an image
+  leaf's CNN in bfloat16 in the update), eval's sampled or deterministic play;
 - one agent (``lockstep.envs.generated:Generated``), or a PettingZoo parallel env of 2-3 agents as slots, every
   agent but one leaving at a random step (``pettingzoo:lockstep.envs.generated``), with ``env.agent_id`` or not,
   the critic reading the agent's own observation or the env's global state (``model.critic_input``),
@@ -68,6 +69,7 @@ class Case:
     obs_keys: list[str] = field(default_factory=list)
     normalize: bool = False
     kernel: str = "auto"
+    precision: str = "float32"  # learner.update_precision: the CNN of an image leaf in bfloat16 in the update
     deterministic: bool = False  # how eval plays
     agents: int = 0  # 0: one agent (a Gymnasium env); else a PettingZoo parallel env of that many
     agent_id: bool = False
@@ -104,7 +106,8 @@ class Case:
             "ppo.steps_per_env": self.steps_per_env, "ppo.total_steps": 2 * slots * self.steps_per_env,
             "ppo.epochs": 1, "ppo.minibatches": 2, "model.hidden": [8], "model.critic_input": self.critic_input,
             "learner.device": "cpu", "sync.strategy": self.sync,
-            "learner.inference_kernel": self.kernel, "run.audit": True, "run.progress": False, "run.seed": seed,
+            "learner.inference_kernel": self.kernel, "learner.update_precision": self.precision,
+            "run.audit": True, "run.progress": False, "run.seed": seed,
             "run.run_dir": str(run_dir),
         }.items():
             config_lib.set_value(config, key, value)
@@ -231,6 +234,7 @@ def cases(draw, multi_agent: bool = False) -> Case:
         kept = draw(st.lists(st.sampled_from(keys), min_size=1, max_size=len(keys), unique=True))
         case.obs_keys = kept + ([case.mask] if case.mask and case.mask not in kept else [])
     case.sync = draw(st.sampled_from(["strict", "strict", "pipelined", "async"]))
+    case.precision = draw(st.sampled_from(["float32", "bfloat16"]))
     return case
 
 

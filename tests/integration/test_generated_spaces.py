@@ -36,9 +36,10 @@ def _check(case: Case, tmp_path_factory) -> None:
         assert expected_refusal(case) in outcome.message
 
 
-# a channels-last image leaf beside a vector, which the actor transposes to [C, H, W] (``envs.images``)
+# a channels-last image leaf beside a vector, which the actor transposes to [C, H, W] (``envs.images``), its CNN
+# trained in bfloat16 while inference, the audit and the export stay float32
 CHANNELS_LAST = Case(observation={"dict": {"frame": {"box": [5, 4, 3], "dtype": "uint8"}, "v": {"box": [2]}}},
-                     action={"discrete": 3})
+                     action={"discrete": 3}, precision="bfloat16")
 
 # async (V-trace by default) over an action of several parts with a mask: the current policy's log-probs of
 # every part, masked, weigh the lagged samples

@@ -29,6 +29,7 @@ from lockstep.learner.distributed import Ranks
 from lockstep.learner.inference import PolicySnapshot
 from lockstep.learner.rollout import Batch
 from lockstep.models import build_policy
+from lockstep.models.networks import CNN
 from lockstep.observe.metrics import add_counts
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,27 @@ def placed(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     return model.to(memory_format=torch.channels_last) if device.type == "cpu" else model
 
 
+def lower_update_precision(model: torch.nn.Module, precision: str, device: torch.device) -> None:
+    """Give ``model``'s convolutional torsos ``learner.update_precision`` for the update's passes (``networks.CNN``).
+    On a CPU without native bfloat16 (AVX512-BF16 or AMX) the convolutions are emulated, slower: said, not refused."""
+    if precision == "float32":
+        return
+    torsos = [m for m in model.modules() if isinstance(m, CNN)]
+    if not torsos:
+        log.warning("learner.update_precision %s: the policy has no convolutional torso; its update is float32",
+                    precision)
+    elif device.type == "cpu" and not _native_bfloat16():
+        log.warning("learner.update_precision %s: this CPU has no native bfloat16 (AVX512-BF16 or AMX); the update's "
+                    "convolutions will be slower than in float32", precision)
+    for torso in torsos:
+        torso.update_dtype = torch.bfloat16
+
+
+def _native_bfloat16() -> bool:
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else False
+
+
 def align_moments(optimizer: torch.optim.Optimizer) -> None:
     """Give each of the optimizer's per-parameter tensors (Adam's moments) its parameter's memory layout. A checkpoint
     keeps the layout it was saved in (a GPU run's NCHW convolution weights, a CPU run's channels-last: ``placed``),
@@ -180,6 +202,7 @@ class Trainer:
                               "encoders: leave it false")
         self.model = placed(build_policy(spec.observation, spec.action, config.model, normalized_images=images),
                             device)
+        lower_update_precision(self.model, config.learner.update_precision, device)
         if ranks is not None:
             ranks.broadcast(self.model)
         self.optimizer = adam(list(self.model.parameters()), config.ppo.lr, config.ppo.adam_eps)

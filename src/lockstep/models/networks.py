@@ -78,7 +78,7 @@ def nature_cnn(channels: int, size: tuple[int, int], scale: float = 1 / 255) -> 
     )
     with torch.no_grad():
         flat = convs(torch.zeros(1, channels, *size)).shape[1]
-    return nn.Sequential(Scale(scale), *convs, layer(flat, 512, math.sqrt(2)), nn.ReLU()), 512
+    return CNN(Scale(scale), *convs, layer(flat, 512, math.sqrt(2)), nn.ReLU()), 512
 
 
 def small_cnn(channels: int, size: tuple[int, int], scale: float = 1.0) -> tuple[nn.Sequential, int]:
@@ -89,7 +89,26 @@ def small_cnn(channels: int, size: tuple[int, int], scale: float = 1.0) -> tuple
     convs = nn.Sequential(conv(channels, 16, 3, 1), nn.ReLU(), nn.Flatten())
     with torch.no_grad():
         flat = convs(torch.zeros(1, channels, *size)).shape[1]
-    return nn.Sequential(Scale(scale), *convs, layer(flat, 128, math.sqrt(2)), nn.ReLU()), 128
+    return CNN(Scale(scale), *convs, layer(flat, 128, math.sqrt(2)), nn.ReLU()), 128
+
+
+class CNN(nn.Sequential):
+    """A convolutional torso: ``nn.Sequential`` (the same layers and state-dict keys) whose passes with gradients
+    may compute in a lower precision.
+
+    ``update_dtype`` (``learner.update_precision``; None: float32) is the dtype that ``torch.autocast`` gives the
+    convolutions and the linear layer in a pass that records gradients, the update's: the parameters, their
+    gradients and the features handed on stay float32. Passes without gradients (inference, the values the
+    update recomputes, the audit, an export's trace) compute in float32 always.
+    """
+
+    update_dtype: torch.dtype | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.update_dtype is None or not torch.is_grad_enabled():
+            return super().forward(x)
+        with torch.autocast(x.device.type, dtype=self.update_dtype):
+            return super().forward(x).float()
 
 
 def mlp_torso(inp: int, hidden: list[int], activation: str) -> tuple[Chain, int]:

@@ -234,7 +234,7 @@ def cases(draw, multi_agent: bool = False) -> Case:
         kept = draw(st.lists(st.sampled_from(keys), min_size=1, max_size=len(keys), unique=True))
         case.obs_keys = kept + ([case.mask] if case.mask and case.mask not in kept else [])
     case.sync = draw(st.sampled_from(["strict", "strict", "pipelined", "async"]))
-    case.precision = draw(st.sampled_from(["float32", "bfloat16"]))
+    case.precision = draw(st.sampled_from(["float32", "bfloat16", "auto"]))
     return case
 
 

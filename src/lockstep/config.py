@@ -43,7 +43,7 @@ Launcher = Literal["local", "ray"]
 VectorMode = Literal["sync", "async"]
 EventLoop = Literal["auto", "asyncio", "uvloop"]
 InferenceKernel = Literal["auto", "torch"]
-UpdatePrecision = Literal["float32", "bfloat16"]
+UpdatePrecision = Literal["float32", "bfloat16", "auto"]
 ModelKind = Literal["auto", "mlp", "nature-cnn", "small-cnn"]
 Activation = Literal["tanh", "relu"]
 RecurrentCore = Literal["lstm", "gru"]
@@ -238,8 +238,9 @@ class LearnerConfig:
     update_precision: UpdatePrecision = setting(
         "float32", "the precision of the convolutional torso in the update's forward and backward passes: bfloat16 "
                    "(torch.autocast) runs them about 1.5x faster on a CPU with AVX512-BF16 or AMX and on a recent "
-                   "GPU, slower on other CPUs; parameters, gradients, Adam, the recurrent core, the heads and the "
-                   "loss stay float32, as do inference and the audit. No effect on a policy without a CNN")
+                   "GPU, slower on other CPUs; auto: bfloat16 where the device computes it natively, else float32. "
+                   "Parameters, gradients, Adam, the recurrent core, the heads and the loss stay float32, as do "
+                   "inference and the audit. No effect on a policy without a CNN")
     deterministic: bool = setting(False, "on a GPU, the same kernels and reduction orders on every run (cuDNN's "
                                          "deterministic algorithms, cuBLAS's fixed workspace): bitwise repeats, "
                                          "at some speed; the CPU is deterministic anyway")

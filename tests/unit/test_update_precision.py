@@ -4,7 +4,8 @@ which record gradients, and in float32 in every other (inference, the recomputed
 Checked here: the torso's features and its parameters' gradients are float32 and near float32's, computed another
 way (so the bfloat16 path ran); without gradients the numbers are float32's bit for bit; the trainer gives the
 setting to every CNN of its policy (a Dict observation's image leaf's too), serves policy versions whose inference
-is float32's, and trains; a policy without a CNN, or a CPU without native bfloat16, is said in the log.
+is float32's, and trains; ``auto`` is bfloat16 where the device computes it natively; a policy without a CNN, or
+a CPU without native bfloat16, is said in the log.
 """
 
 from __future__ import annotations
@@ -87,12 +88,12 @@ def test_an_image_leaf_of_a_dict_observation_is_lowered_too():
 def test_a_policy_without_a_cnn_or_a_cpu_without_bfloat16_is_said_in_the_log(caplog, monkeypatch):
     vector = SpaceSpec.from_space(gym.spaces.Box(-1, 1, (4,), np.float32))
     with caplog.at_level(logging.WARNING, logger=trainer_lib.__name__):
-        _trainer("bfloat16", vector, kind="auto")
+        assert _trainer("bfloat16", vector, kind="auto").update_precision == "float32"
     assert "the policy has no convolutional torso; its update is float32" in caplog.text
     caplog.clear()
-    monkeypatch.setattr(trainer_lib, "_native_bfloat16", lambda: False)  # what this machine's CPU may not show
+    monkeypatch.setattr(trainer_lib, "_native_bfloat16", lambda device: False)  # what this CPU may not show
     with caplog.at_level(logging.WARNING, logger=trainer_lib.__name__):
-        _trainer("bfloat16")
+        assert _trainer("bfloat16").update_precision == "bfloat16"
     assert "this CPU has no native bfloat16" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=trainer_lib.__name__):
@@ -100,9 +101,26 @@ def test_a_policy_without_a_cnn_or_a_cpu_without_bfloat16_is_said_in_the_log(cap
     assert caplog.text == ""
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_is_bfloat16_where_the_device_computes_it_natively(native, monkeypatch, caplog):
+    monkeypatch.setattr(trainer_lib, "_native_bfloat16", lambda device: native)
+    with caplog.at_level(logging.INFO, logger=trainer_lib.__name__):
+        trainer = _trainer("auto")
+    want = "bfloat16" if native else "float32"
+    assert trainer.update_precision == want
+    dtypes = {m.update_dtype for m in trainer.model.modules() if isinstance(m, CNN)}
+    assert dtypes == ({torch.bfloat16} if native else {None})
+    assert f"learner.update_precision auto: the CNN's update in {want}" in caplog.text
+    vector = SpaceSpec.from_space(gym.spaces.Box(-1, 1, (4,), np.float32))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=trainer_lib.__name__):  # no CNN: float32, and nothing to say
+        assert _trainer("auto", vector, kind="auto").update_precision == "float32"
+    assert caplog.text == ""
+
+
 def test_a_precision_other_than_its_two_is_refused_by_name():
     config = Config()
     apply_sets(config, ["learner.update_precision=bfloat16"])
     assert config.learner.update_precision == "bfloat16"
-    with pytest.raises(ConfigError, match="learner.update_precision must be one of float32, bfloat16, got 'float16'"):
+    with pytest.raises(ConfigError, match="update_precision must be one of float32, bfloat16, auto, got 'float16'"):
         apply_sets(config, ["learner.update_precision=float16"])

@@ -150,23 +150,35 @@ def placed(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     return model.to(memory_format=torch.channels_last) if device.type == "cpu" else model
 
 
-def lower_update_precision(model: torch.nn.Module, precision: str, device: torch.device) -> None:
-    """Give ``model``'s convolutional torsos ``learner.update_precision`` for the update's passes (``networks.CNN``).
-    On a CPU without native bfloat16 (AVX512-BF16 or AMX) the convolutions are emulated, slower: said, not refused."""
-    if precision == "float32":
-        return
+def lower_update_precision(model: torch.nn.Module, precision: str, device: torch.device) -> str:
+    """Give ``model``'s convolutional torsos ``learner.update_precision`` for the update's passes (``networks.CNN``)
+    and return the precision the update computes in. ``auto`` is bfloat16 where ``device`` computes it natively,
+    float32 elsewhere; an explicit bfloat16 on a CPU without it (emulated, slower) is said, not refused."""
     torsos = [m for m in model.modules() if isinstance(m, CNN)]
+    native = _native_bfloat16(device)
+    if precision == "auto":
+        precision = "bfloat16" if torsos and native else "float32"
+        if torsos:
+            log.info("learner.update_precision auto: the CNN's update in %s (%s)", precision,
+                     f"{device.type} computes bfloat16 natively" if native else f"no native bfloat16 on {device.type}")
+    if precision == "float32":
+        return precision
     if not torsos:
         log.warning("learner.update_precision %s: the policy has no convolutional torso; its update is float32",
                     precision)
-    elif device.type == "cpu" and not _native_bfloat16():
-        log.warning("learner.update_precision %s: this CPU has no native bfloat16 (AVX512-BF16 or AMX); the update's "
-                    "convolutions will be slower than in float32", precision)
+        return "float32"
+    if not native:
+        log.warning("learner.update_precision %s: this %s has no native bfloat16 (a CPU: AVX512-BF16 or AMX); the "
+                    "update's convolutions will be slower than in float32", precision, device.type.upper())
     for torso in torsos:
         torso.update_dtype = torch.bfloat16
+    return precision
 
 
-def _native_bfloat16() -> bool:
+def _native_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 convolutions natively (oneDNN's check on a CPU, CUDA's on a GPU)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(check()) if check is not None else False
 
@@ -202,7 +214,7 @@ class Trainer:
                               "encoders: leave it false")
         self.model = placed(build_policy(spec.observation, spec.action, config.model, normalized_images=images),
                             device)
-        lower_update_precision(self.model, config.learner.update_precision, device)
+        self.update_precision = lower_update_precision(self.model, config.learner.update_precision, device)
         if ranks is not None:
             ranks.broadcast(self.model)
         self.optimizer = adam(list(self.model.parameters()), config.ppo.lr, config.ppo.adam_eps)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import unused_port
+from processes import children
 
 pytestmark = pytest.mark.slow
 
@@ -42,18 +43,6 @@ def _env() -> dict[str, str]:
     return {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            ppid = next(line for line in status.read_text().splitlines() if line.startswith("PPid:"))
-        except (OSError, StopIteration):
-            continue
-        if int(ppid.split()[1]) == pid:
-            found.append(int(status.parent.name))
-    return found
-
-
 def _rank_of(pid: int) -> int | None:
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -65,10 +54,10 @@ def _rank_of(pid: int) -> int | None:
 
 def _actor_processes(torchrun_pid: int, rank: int) -> list[int]:
     """The actor processes (multiprocessing spawn children) of the learner rank ``rank`` under torchrun."""
-    workers = [pid for pid in _children(torchrun_pid) if _rank_of(pid) == rank]
+    workers = [pid for pid in children(torchrun_pid) if _rank_of(pid) == rank]
     actors = []
     for worker in workers:
-        for child in _children(worker):
+        for child in children(worker):
             try:
                 if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
                     actors.append(child)
@@ -121,7 +110,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_iteration(tmp_path)
         while _rows(run_dir / "rank1") < 1:
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate(timeout=30)[0]
             time.sleep(0.05)
-        rank1 = [pid for pid in _children(proc.pid) if _rank_of(pid) == 1]
+        rank1 = [pid for pid in children(proc.pid) if _rank_of(pid) == 1]
         assert len(rank1) == 1, rank1
         os.kill(rank1[0], signal.SIGTERM)  # one rank only, as a scheduler preempting one process would
         out, _ = proc.communicate(timeout=120)

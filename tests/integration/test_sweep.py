@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import children, pending
 
 from lockstep import cli
 
@@ -66,27 +67,6 @@ def _summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux's /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def _pending(pid: int, signum: int) -> bool:
-    """Whether ``signum`` was sent to process ``pid`` and waits to be delivered (a stopped process keeps it)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("ShdPnd:"):
-            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    return False
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("sweep")
@@ -114,12 +94,12 @@ def interrupted_sweep(folder) -> dict:
         time.sleep(0.05)
     # The run is frozen before the sweep is signalled and thawed once the sweep's SIGTERM waits on it, so it is
     # stopped mid-run however fast it trains: a run of 32 iterations can otherwise finish before the signal lands.
-    (run,) = _children(proc.pid)
+    (run,) = children(proc.pid)
     os.kill(run, signal.SIGSTOP)
     rows = metrics.read_text().count("\n") - 1
     assert rows < STEPS // 512 - 1, f"the run had trained {rows} of its {STEPS // 512} iterations when frozen"
     proc.send_signal(signal.SIGTERM)
-    while not _pending(run, signal.SIGTERM):
+    while not pending(run, signal.SIGTERM):
         assert time.monotonic() < deadline, "the sweep never passed its SIGTERM to the run"
         time.sleep(0.05)
     os.kill(run, signal.SIGCONT)

@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import lockstep_cmd
+from processes import children
 from protocol import empty_step, hello
 
 from lockstep.envs import SpaceSpec, env_spec
@@ -108,12 +109,6 @@ def test_actions_are_stamped_with_the_policy_version(learner):
     assert stamps == [i // T for i in range(phases * T + 1)], Counter(stamps)
 
 
-def _children(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)],
-                         check=False, capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -156,7 +151,7 @@ def test_interrupted_train_leaves_no_actor_processes(run_dir):
         while time.monotonic() < deadline and not run_dir.metrics_path.exists():
             time.sleep(0.2)
         time.sleep(1.0)
-        actors = {pid for pid in _children(proc.pid) if _alive(pid)}
+        actors = {pid for pid in children(proc.pid) if _alive(pid)}
         assert len(actors) >= 2, "expected the actor processes to be running"
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
